@@ -1,0 +1,65 @@
+"""The cooperative-adversarial memory bank (paper Sec. 4.3).
+
+The bank M = {b_j} is a K×D variable of *raw* rows: they are L2-normalized wherever they are
+used and never renormalized in place (as in the authors' code).  Its update is eq. (real_update):
+the gradient of the CaCo loss with respect to the raw rows, taken through the normalization,
+with every non-MPP contribution's sign flipped, so that
+
+* the MPP row b_{j+} descends the loss (cooperative):  + η/τ (1 - p_{j+}) T_j z
+* every other row ascends it (adversarial):           + η/τ p_j T_j z
+
+with T_j = (I - b̂_j b̂_jᵀ)/‖b_j‖ the Jacobian of the normalization.
+"""
+
+import tensorflow as tf
+
+from caco_tf import losses
+
+
+def cooperative_adversarial_gradient(queries, bank, positive_index, temperature):
+    """The sign-flipped CaCo gradient for the raw bank rows, averaged over the queries.
+
+    Args:
+      queries: [N, D] query embeddings with unit rows (z).
+      bank: [K, D] raw bank rows (b_j, any norm).
+      positive_index: [N] int, the MPP index j+ of each query.
+      temperature: the bank-update temperature τ.
+
+    Returns:
+      [K, D] direction g such that ``bank - lr * g`` is the paper's update before momentum.
+    """
+    queries = tf.stop_gradient(tf.cast(queries, tf.float32))
+    bank = tf.convert_to_tensor(bank, tf.float32)
+    positive_index = tf.convert_to_tensor(positive_index, tf.int32)
+    with tf.GradientTape() as tape:
+        tape.watch(bank)  # the bank is a non-trainable variable: the tape must be told
+        logits = losses.bank_logits(queries, losses.l2_normalize(bank), temperature)
+    # d loss / d logits = p - onehot(j+).  Flipping the sign of every non-MPP entry gives
+    # (p - 1) at j+ and -p elsewhere: descent for the positive, ascent for the negatives.
+    positive = tf.one_hot(positive_index, tf.shape(bank)[0], dtype=tf.float32)
+    probs = tf.nn.softmax(logits, axis=-1)
+    flipped = (probs - positive) * (2.0 * positive - 1.0)
+    batch = tf.cast(tf.shape(queries)[0], tf.float32)
+    # Back-propagating through the normalization yields T_j z for each row.
+    return tape.gradient(logits, bank, output_gradients=flipped / batch)
+
+
+def momentum_step(bank, velocity, gradient, learning_rate, momentum):
+    """SGD with momentum as PyTorch does it (no dampening, no weight decay).
+
+    v ← μ v + g ;  b ← b - η v.  Returns (new_bank, new_velocity).
+    """
+    velocity = momentum * velocity + gradient
+    return bank - learning_rate * velocity, velocity
+
+
+def enqueue(bank, rows, pointer):
+    """FIFO write of ``rows`` at ``pointer`` (wrapping), as MoCo's queue and the warm-up fill do.
+
+    Returns (new_bank, new_pointer).
+    """
+    size = tf.shape(bank)[0]
+    count = tf.shape(rows)[0]
+    indices = tf.math.floormod(pointer + tf.range(count), size)
+    bank = tf.tensor_scatter_nd_update(bank, indices[:, None], tf.cast(rows, bank.dtype))
+    return bank, tf.math.floormod(pointer + count, size)

@@ -1,0 +1,285 @@
+"""The CaCo model: a ``keras.Model`` whose ``train_step`` is the paper's algorithm.
+
+One step, for a batch of images seen as two augmented views x1, x2:
+
+1. keys k1, k2 from the momentum (key) encoder; for each image, the Most Probable Positive of
+   the *other* view, j+ = argmax_j p(b_j | k) (eq. max_prob);
+2. queries z1, z2 from the query encoder; the symmetric loss (eq. caco)
+   CE(z1·B̂ᵀ/τ, j+(k2)) + CE(z2·B̂ᵀ/τ, j+(k1)); the encoder descends it;
+3. the bank takes the cooperative-adversarial step (eq. real_update) computed from the same
+   pre-step queries and bank, averaged over the global batch, with SGD momentum;
+4. the key encoder's parameters move towards the query encoder's (EMA, cosine momentum).
+
+Before the CaCo phase a warm-up pass (``warmup_steps``, one epoch in the configs) trains the
+encoder with a MoCo-style loss against the bank while filling the bank FIFO with real key
+embeddings, as the reference does; the key encoder is then re-synced to the query encoder.
+"""
+
+import keras
+import tensorflow as tf
+
+from caco_tf import bank as bank_lib
+from caco_tf import distribute
+from caco_tf import losses
+
+
+def build_encoder(backbone, projector, name):
+    """backbone → projector → L2 normalization: the query/key encoder φ_θ of the paper."""
+    inputs = keras.Input(backbone.input_shape[1:])
+    embedding = keras.layers.UnitNormalization(name="l2_normalize")(projector(backbone(inputs)))
+    return keras.Model(inputs, embedding, name=name)
+
+
+def _as_schedule(value):
+    """Accept a float or a LearningRateSchedule; return a callable of the step."""
+    if isinstance(value, keras.optimizers.schedules.LearningRateSchedule):
+        return value
+    return lambda step: tf.constant(value, tf.float32)
+
+
+class CaCo(keras.Model):
+    """Cooperative-adversarial contrastive learning (Wang et al., CaCo).
+
+    Args:
+      backbone: a ``keras.Model`` from images to pooled features (see ``caco_tf.backbones``).
+      projector: a ``keras.Model`` from features to the D-dimensional embedding.
+      bank_size: K, the number of bank rows (positives and negatives share them).
+      temperature: τ of the encoder loss.
+      bank_temperature: τ of the bank update (a separate setting in the authors' code).
+      bank_learning_rate: η of the bank, a float or a ``LearningRateSchedule`` of the step.
+      bank_momentum: SGD momentum of the bank update.
+      key_momentum: EMA momentum of the key encoder, a float or a schedule of the step.
+      warmup_steps: steps of the MoCo-style warm-up pass that fills the bank (0: none, the
+        bank keeps its random initialization).
+      warmup_temperature: τ of the warm-up loss.
+    """
+
+    def __init__(self, backbone, projector, bank_size=65536, temperature=0.08,
+                 bank_temperature=0.08, bank_learning_rate=3.0, bank_momentum=0.9,
+                 key_momentum=0.99, warmup_steps=0, warmup_temperature=0.2, name="caco",
+                 **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.backbone = backbone
+        self.query_encoder = build_encoder(backbone, projector, "query_encoder")
+        # A structural copy; its parameters start equal to the query encoder's, its BatchNorm
+        # statistics are its own (it runs in training mode, as in the reference).
+        self.key_encoder = build_encoder(keras.models.clone_model(backbone),
+                                         keras.models.clone_model(projector), "key_encoder")
+        self.key_encoder.set_weights(self.query_encoder.get_weights())
+        dim = self.query_encoder.output_shape[-1]
+
+        self.temperature = temperature
+        self.bank_temperature = bank_temperature
+        self.bank_learning_rate = _as_schedule(bank_learning_rate)
+        self.bank_momentum = bank_momentum
+        self.key_momentum = _as_schedule(key_momentum)
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_temperature = warmup_temperature
+
+        # The bank and its state are assigned by the step itself, never by an optimizer.
+        state = dict(trainable=False, aggregation="only_first_replica")
+        self.bank = self.add_weight(
+            shape=(bank_size, dim), initializer=keras.initializers.RandomNormal(seed=0),
+            name="bank", **state)
+        self.bank_velocity = self.add_weight(
+            shape=(bank_size, dim), initializer="zeros", name="bank_velocity", **state)
+        self.bank_pointer = self.add_weight(
+            shape=(), dtype="int32", initializer="zeros", name="bank_pointer", **state)
+
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.contrast_top1 = keras.metrics.Mean(name="contrast_top1")
+        self.positive_probability = keras.metrics.Mean(name="mpp_prob")
+        self.distinct_positives = keras.metrics.Mean(name="distinct_mpp")
+        self.bank_norm = keras.metrics.Mean(name="bank_norm")
+        self.lr_tracker = keras.metrics.Mean(name="lr")
+        self.bank_lr_tracker = keras.metrics.Mean(name="bank_lr")
+        self._bank_ready = self.warmup_steps == 0
+        self.built = True  # every variable exists now; Keras' restore callbacks need this
+
+    # ------------------------------------------------------------------ Keras plumbing
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.contrast_top1, self.positive_probability,
+                self.distinct_positives, self.bank_norm, self.lr_tracker, self.bank_lr_tracker]
+
+    def compile(self, optimizer="sgd", **kwargs):
+        super().compile(optimizer=optimizer, **kwargs)
+        # Only the query encoder is optimized: the key encoder follows by EMA, the bank by its
+        # own rule.  Building here keeps Keras from allocating slots for the key encoder.
+        self.optimizer.build(self.query_encoder.trainable_variables)
+
+    def call(self, images, training=False):
+        """The query embedding z (the bank's space)."""
+        return self.query_encoder(images, training=training)
+
+    def make_train_function(self, force=False):
+        """The warm-up pass and the CaCo steps are two graphs; pick by the optimizer's step.
+
+        Keras looks ``train_function`` up at every step, so the switch happens mid-``fit`` and
+        after a resume (the step counter is part of every checkpoint).
+        """
+        if self.train_function is not None and not force:
+            return self.train_function
+        warmup_function = self._make_function(self.warmup_step)
+        caco_function = self._make_function(self.train_step)
+
+        def train_function(iterator):
+            if not self._bank_ready:
+                step = int(self.optimizer.iterations.numpy())
+                if step < self.warmup_steps:
+                    return warmup_function(iterator)
+                if step == self.warmup_steps:
+                    self.sync_key_encoder()
+                self._bank_ready = True
+            return caco_function(iterator)
+
+        self.train_function = train_function
+        return train_function
+
+    def sync_key_encoder(self):
+        """Copy the query encoder's parameters into the key encoder (after the warm-up)."""
+        for key, query in zip(self.key_encoder.trainable_variables,
+                              self.query_encoder.trainable_variables):
+            key.assign(query)
+
+    # ------------------------------------------------------------------ the algorithm
+    def train_step(self, data):
+        view1, view2 = _views(data)
+        step = self.optimizer.iterations
+
+        # 1. Keys and their Most Probable Positives, from the pre-step bank.
+        key1 = self.key_encoder(view1, training=True)
+        key2 = self.key_encoder(view2, training=True)
+        bank = tf.convert_to_tensor(self.bank)
+        bank_unit = losses.l2_normalize(bank)
+        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
+        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
+
+        # 2. The encoder descends the symmetric CaCo loss.
+        with tf.GradientTape() as tape:
+            query1 = self.query_encoder(view1, training=True)
+            query2 = self.query_encoder(view2, training=True)
+            loss = (tf.reduce_mean(losses.caco_loss(query1, bank_unit, positive_for_view1,
+                                                    self.temperature))
+                    + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
+                                                      self.temperature)))
+            scaled_loss = self._scale_loss(loss)
+        self._apply_encoder_gradients(tape, scaled_loss)
+
+        # 3. The bank's cooperative-adversarial step, from the same queries and bank.
+        gradient = (
+            bank_lib.cooperative_adversarial_gradient(query1, bank, positive_for_view1,
+                                                      self.bank_temperature)
+            + bank_lib.cooperative_adversarial_gradient(query2, bank, positive_for_view2,
+                                                        self.bank_temperature))
+        gradient = distribute.global_mean(gradient, tf.shape(query1)[0])
+        bank_lr = self.bank_learning_rate(step)
+        new_bank, new_velocity = bank_lib.momentum_step(
+            bank, self.bank_velocity, gradient, bank_lr, self.bank_momentum)
+        distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
+
+        # 4. The key encoder follows the query encoder.
+        self._update_key_encoder(step)
+
+        self._track(loss, query1, query2, key1, key2, bank_unit,
+                    positive_for_view1, positive_for_view2, bank_lr)
+        return {m.name: m.result() for m in self.metrics}
+
+    def warmup_step(self, data):
+        """MoCo-style step that trains the encoder against the bank while filling it FIFO."""
+        view1, view2 = _views(data)
+        step = self.optimizer.iterations
+        key1 = self.key_encoder(view1, training=True)
+        key2 = self.key_encoder(view2, training=True)
+        bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
+        with tf.GradientTape() as tape:
+            query1 = self.query_encoder(view1, training=True)
+            query2 = self.query_encoder(view2, training=True)
+            loss = (tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit,
+                                                    self.warmup_temperature))
+                    + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit,
+                                                      self.warmup_temperature)))
+            scaled_loss = self._scale_loss(loss)
+        self._apply_encoder_gradients(tape, scaled_loss)
+
+        # One key per image, gathered from all replicas in replica order.
+        new_bank, new_pointer = bank_lib.enqueue(
+            tf.convert_to_tensor(self.bank), distribute.all_gather(key1),
+            tf.convert_to_tensor(self.bank_pointer))
+        distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
+        self._update_key_encoder(step)
+
+        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
+        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
+        self._track(loss, query1, query2, key1, key2, bank_unit,
+                    positive_for_view1, positive_for_view2, tf.constant(0.0))
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, data):
+        """The CaCo loss and diagnostics without any update (encoders in inference mode)."""
+        view1, view2 = _views(data)
+        key1 = self.key_encoder(view1, training=False)
+        key2 = self.key_encoder(view2, training=False)
+        query1 = self.query_encoder(view1, training=False)
+        query2 = self.query_encoder(view2, training=False)
+        bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
+        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
+        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
+        loss = (tf.reduce_mean(losses.caco_loss(query1, bank_unit, positive_for_view1,
+                                                self.temperature))
+                + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
+                                                  self.temperature)))
+        self._track(loss, query1, query2, key1, key2, bank_unit, positive_for_view1,
+                    positive_for_view2, self.bank_learning_rate(self.optimizer.iterations))
+        return {m.name: m.result() for m in self.metrics}
+
+    # ------------------------------------------------------------------ pieces of a step
+    def _scale_loss(self, loss):
+        # Keras sums gradients over replicas: each replica contributes its share of the mean.
+        loss = loss / distribute.num_replicas()
+        if hasattr(self.optimizer, "scale_loss"):  # LossScaleOptimizer under mixed_float16
+            loss = self.optimizer.scale_loss(loss)
+        return loss
+
+    def _apply_encoder_gradients(self, tape, scaled_loss):
+        variables = self.query_encoder.trainable_variables
+        gradients = tape.gradient(scaled_loss, variables)
+        self.optimizer.apply(gradients, variables)
+
+    def _update_key_encoder(self, step):
+        momentum = self.key_momentum(step)
+        keys = self.key_encoder.trainable_variables
+        queries = self.query_encoder.trainable_variables
+        distribute.assign_in_sync(
+            keys, [momentum * k + (1.0 - momentum) * q for k, q in zip(keys, queries)])
+
+    def _track(self, loss, query1, query2, key1, key2, bank_unit, positive1, positive2,
+               bank_lr):
+        self.loss_tracker.update_state(loss)
+        self.contrast_top1.update_state(0.5 * (
+            losses.contrast_accuracy(query1, bank_unit, positive1)
+            + losses.contrast_accuracy(query2, bank_unit, positive2)))
+        self.positive_probability.update_state(tf.reduce_mean(tf.concat([
+            losses.max_positive_probability(key1, bank_unit, self.temperature),
+            losses.max_positive_probability(key2, bank_unit, self.temperature)], axis=0)))
+        # How many bank rows serve as someone's positive (a collapse shows up here first).
+        used = tf.math.unsorted_segment_max(
+            tf.ones_like(positive1), positive1, tf.shape(bank_unit)[0])
+        self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
+        self.bank_norm.update_state(tf.reduce_mean(tf.norm(self.bank, axis=-1)))
+        self.lr_tracker.update_state(self._encoder_learning_rate())
+        self.bank_lr_tracker.update_state(bank_lr)
+
+    def _encoder_learning_rate(self):
+        lr = self.optimizer.learning_rate
+        return tf.cast(lr, tf.float32)
+
+
+def _views(data):
+    """Accept (view1, view2), (views, label) or {'views': ..., 'label': ...} batches."""
+    if isinstance(data, dict):
+        data = data["views"]
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], (tuple, list)):
+        data = data[0]  # ((view1, view2), label): labels are for evaluation only
+    view1, view2 = data
+    return view1, view2
