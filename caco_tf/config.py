@@ -17,7 +17,7 @@ class ConfigError(ValueError):
 DEFAULTS = {
     "name": "mnist",
     "data": {
-        "source": "mnist",         # mnist | npz:PATH (image arrays; labels optional)
+        "source": "mnist",         # mnist | mnist_validation (tuning split) | npz:PATH
         "image_size": 28,
         "channels": 1,
         "views": "digits",         # the two-view augmentation (caco_tf.augment)

@@ -26,6 +26,16 @@ def load_offline_mnist():
                 test=(images[test], labels[test].astype(np.int64)))
 
 
+def load_offline_mnist_validation():
+    """A tuning split carved out of the 4,000 training digits: 3,000 train, 1,000 validation.
+
+    Hyper-parameters are chosen on this split so that the held-out 1,000 stay untouched.
+    """
+    train_images, train_labels = load_offline_mnist()["train"]
+    return dict(train=(train_images[:3000], train_labels[:3000]),
+                test=(train_images[3000:], train_labels[3000:]))
+
+
 def load_numpy(path):
     """An .npz with ``images`` (and optionally ``labels``) or an .npy of images."""
     try:

@@ -146,6 +146,7 @@ class CaCo(keras.Model):
     def train_step(self, data):
         view1, view2 = _views(data)
         step = self.optimizer.iterations
+        learning_rate = self._encoder_learning_rate()  # this step's, before the update
 
         # 1. Keys and their Most Probable Positives, from the pre-step bank.
         key1 = self.key_encoder(view1, training=True)
@@ -182,13 +183,14 @@ class CaCo(keras.Model):
         self._update_key_encoder(step)
 
         self._track(loss, query1, query2, key1, key2, bank_unit,
-                    positive_for_view1, positive_for_view2, bank_lr)
+                    positive_for_view1, positive_for_view2, learning_rate, bank_lr)
         return {m.name: m.result() for m in self.metrics}
 
     def warmup_step(self, data):
         """MoCo-style step that trains the encoder against the bank while filling it FIFO."""
         view1, view2 = _views(data)
         step = self.optimizer.iterations
+        learning_rate = self._encoder_learning_rate()
         key1 = self.key_encoder(view1, training=True)
         key2 = self.key_encoder(view2, training=True)
         bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
@@ -212,7 +214,7 @@ class CaCo(keras.Model):
         positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
         positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
         self._track(loss, query1, query2, key1, key2, bank_unit,
-                    positive_for_view1, positive_for_view2, tf.constant(0.0))
+                    positive_for_view1, positive_for_view2, learning_rate, tf.constant(0.0))
         return {m.name: m.result() for m in self.metrics}
 
     def test_step(self, data):
@@ -230,7 +232,8 @@ class CaCo(keras.Model):
                 + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
                                                   self.temperature)))
         self._track(loss, query1, query2, key1, key2, bank_unit, positive_for_view1,
-                    positive_for_view2, self.bank_learning_rate(self.optimizer.iterations))
+                    positive_for_view2, self._encoder_learning_rate(),
+                    self.bank_learning_rate(self.optimizer.iterations))
         return {m.name: m.result() for m in self.metrics}
 
     # ------------------------------------------------------------------ pieces of a step
@@ -254,7 +257,7 @@ class CaCo(keras.Model):
             keys, [momentum * k + (1.0 - momentum) * q for k, q in zip(keys, queries)])
 
     def _track(self, loss, query1, query2, key1, key2, bank_unit, positive1, positive2,
-               bank_lr):
+               learning_rate, bank_lr):
         self.loss_tracker.update_state(loss)
         self.contrast_top1.update_state(0.5 * (
             losses.contrast_accuracy(query1, bank_unit, positive1)
@@ -267,12 +270,11 @@ class CaCo(keras.Model):
             tf.ones_like(positive1), positive1, tf.shape(bank_unit)[0])
         self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
         self.bank_norm.update_state(tf.reduce_mean(tf.norm(self.bank, axis=-1)))
-        self.lr_tracker.update_state(self._encoder_learning_rate())
+        self.lr_tracker.update_state(learning_rate)
         self.bank_lr_tracker.update_state(bank_lr)
 
     def _encoder_learning_rate(self):
-        lr = self.optimizer.learning_rate
-        return tf.cast(lr, tf.float32)
+        return tf.cast(self.optimizer.learning_rate, tf.float32)
 
 
 def _views(data):

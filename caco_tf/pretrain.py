@@ -20,8 +20,9 @@ from caco_tf.model import CaCo
 def load_data(config):
     """The training images (unlabelled for pre-training) and the evaluation split, if any."""
     source = config["data"]["source"]
-    if source == "mnist":
-        split = data.load_offline_mnist()
+    if source in ("mnist", "mnist_validation"):
+        split = (data.load_offline_mnist() if source == "mnist"
+                 else data.load_offline_mnist_validation())
         return split["train"], split["test"]
     if source.startswith("npz:"):
         path = source[4:]
@@ -29,7 +30,8 @@ def load_data(config):
             raise data.DataError(f"data path not found: {path}")
         images, labels = data.load_numpy(path)
         return (images, labels), None
-    raise ConfigError(f"data.source must be 'mnist' or 'npz:PATH', got {source!r}")
+    raise ConfigError(f"data.source must be 'mnist', 'mnist_validation' or 'npz:PATH', "
+                      f"got {source!r}")
 
 
 def build_views(config):
@@ -72,9 +74,12 @@ def check_sizes(config, num_images):
     if batch > num_images:
         raise data.DataError(f"train.batch_size {batch} is larger than the data set "
                              f"({num_images} images)")
-    if config["caco"]["warmup_epochs"] > 0 and bank > num_images:
-        raise data.DataError(f"caco.bank_size {bank} is larger than the data set ({num_images} "
-                             "images): the warm-up fills the bank with one key per image")
+    # The warm-up writes one key per image of its full batches; all rows must be real keys.
+    filled = config["caco"]["warmup_epochs"] * (num_images // batch) * batch
+    if config["caco"]["warmup_epochs"] > 0 and bank > filled:
+        raise data.DataError(
+            f"caco.bank_size {bank} is larger than the data set at initialization: the warm-up "
+            f"fills {filled} rows from {num_images} images in batches of {batch}")
 
 
 def run(config, run_dir, verbose=1):

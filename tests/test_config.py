@@ -1,0 +1,39 @@
+import pytest
+
+from caco_tf.config import ConfigError, load_config
+
+
+def test_defaults_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("caco: {bank_size: 1024}\ntrain: {epochs: 3}\n")
+    config = load_config(str(path), ["caco.bank_lr=0.5", "train.learning_rate=1"])
+    assert config["caco"]["bank_size"] == 1024
+    assert config["caco"]["bank_lr"] == 0.5
+    assert config["train"]["learning_rate"] == 1.0 and isinstance(
+        config["train"]["learning_rate"], float)
+    assert config["caco"]["temperature"] == 0.08  # untouched default
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("caco.bank_sise=5", "unknown config key 'caco.bank_sise'"),
+    ("train.epochs=ten", "train.epochs must be of type int"),
+    ("train.epochs=2.5", "train.epochs must be of type int"),
+    ("model.sync_batchnorm=1", "model.sync_batchnorm must be true or false"),
+    ("caco.temperature=0", "caco.temperature must be positive"),
+    ("train.optimizer=adam", "train.optimizer must be auto, sgd or lars"),
+    ("caco=3", "caco must be a mapping"),
+    ("epochs", "--set expects key=value"),
+])
+def test_bad_values_are_one_line_errors(assignment, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [assignment])
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_every_shipped_config_loads():
+    import glob
+    paths = sorted(glob.glob("configs/*.yaml"))
+    assert len(paths) >= 5
+    for path in paths:
+        load_config(path)

@@ -1,0 +1,55 @@
+"""Losses and MPP selection against NumPy."""
+
+import numpy as np
+
+from caco_tf import losses
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def test_caco_loss_is_cross_entropy_over_the_bank():
+    rng = np.random.default_rng(0)
+    queries, bank = _unit(rng.normal(size=(4, 6))), _unit(rng.normal(size=(10, 6)))
+    positive = np.array([1, 5, 5, 9])
+    got = losses.caco_loss(queries, bank, positive, 0.08).numpy()
+    expected = -_log_softmax(queries @ bank.T / 0.08)[np.arange(4), positive]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_most_probable_positive_is_argmax_over_normalized_rows():
+    rng = np.random.default_rng(1)
+    keys = _unit(rng.normal(size=(5, 6)))
+    raw_bank = rng.normal(size=(20, 6)) * rng.uniform(0.1, 10, size=(20, 1))
+    got = losses.most_probable_positive(keys, losses.l2_normalize(raw_bank)).numpy()
+    np.testing.assert_array_equal(got, np.argmax(keys @ _unit(raw_bank).T, axis=-1))
+    # Not the argmax of raw inner products, which favours long rows.
+    assert not np.array_equal(got, np.argmax(keys @ raw_bank.T, axis=-1))
+
+
+def test_max_positive_probability():
+    rng = np.random.default_rng(2)
+    keys, bank = _unit(rng.normal(size=(3, 4))), _unit(rng.normal(size=(7, 4)))
+    got = losses.max_positive_probability(keys, bank, 0.1).numpy()
+    np.testing.assert_allclose(got, np.exp(_log_softmax(keys @ bank.T / 0.1)).max(-1), rtol=1e-5)
+
+
+def test_moco_loss_puts_the_key_first():
+    rng = np.random.default_rng(3)
+    queries, keys = _unit(rng.normal(size=(4, 6))), _unit(rng.normal(size=(4, 6)))
+    bank = _unit(rng.normal(size=(9, 6)))
+    got = losses.moco_loss(queries, keys, bank, 0.2).numpy()
+    logits = np.concatenate([np.sum(queries * keys, -1, keepdims=True), queries @ bank.T], 1)
+    np.testing.assert_allclose(got, -_log_softmax(logits / 0.2)[:, 0], rtol=1e-5)
+
+
+def test_contrast_accuracy():
+    bank = np.eye(3, dtype=np.float32)
+    queries = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]], np.float32)
+    assert losses.contrast_accuracy(queries, bank, np.array([0, 1, 0, 2])).numpy() == 0.5

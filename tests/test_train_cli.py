@@ -1,0 +1,111 @@
+"""train.py end to end: a short run, clear one-line errors, and resuming after a kill."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from caco_tf import optimizers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 4  # 256 images / batch 64
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    """256 real digits from the offline set, as an .npz (images and labels)."""
+    from caco_tf.data import load_offline_mnist
+    images, labels = load_offline_mnist()["train"]
+    path = tmp_path_factory.mktemp("data") / "digits.npz"
+    np.savez(path, images=images[:256], labels=labels[:256])
+    return str(path)
+
+
+def small_config(tmp_path, data_path, epochs=4):
+    config = {
+        "name": "tiny",
+        "data": {"source": f"npz:{data_path}"},
+        "model": {"projector_hidden": 64, "embedding_dim": 32},
+        "caco": {"bank_size": 128, "bank_lr": 0.3, "temperature": 0.1,
+                 "bank_temperature": 0.1},
+        "train": {"epochs": epochs, "batch_size": 64, "lr_warmup_epochs": 1},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def train(*args, **kwargs):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "caco.bank_sise=5"], "error: unknown config key 'caco.bank_sise'"),
+    (["--set", "train.epochs=many"], "error: train.epochs must be of type int"),
+    (["--config", "configs/nope.yaml"], "error: cannot read config configs/nope.yaml"),
+    (["--set", "data.source=npz:/no/such/file.npz"],
+     "error: data path not found: /no/such/file.npz"),
+    (["--set", "train.batch_size=8192"], "error: train.batch_size 8192 is larger than the data"),
+    (["--set", "caco.bank_size=4001"], "error: caco.bank_size 4001 is larger than the data set"),
+])
+def test_bad_input_is_a_one_line_error(args, message, tmp_path):
+    result = train(*args, "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _epochs_done(run_dir):
+    path = os.path.join(run_dir, "history.json")
+    if not os.path.exists(path):
+        return 0
+    try:
+        with open(path) as handle:
+            return len(json.load(handle))
+    except ValueError:
+        return 0
+
+
+def test_killed_run_resumes_from_its_last_epoch(small_data, tmp_path):
+    config = small_config(tmp_path, small_data)
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    process = subprocess.Popen([sys.executable, "train.py", "--config", config, "--run-dir",
+                                run_dir, "--quiet"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while _epochs_done(run_dir) < 2 and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_after = _epochs_done(run_dir)
+    assert 2 <= killed_after < 4, "the run should be killed mid-way"
+    with open(os.path.join(run_dir, "backup", "training_metadata.json")) as handle:
+        saved_epoch = json.load(handle)["epoch"]
+    before = json.load(open(os.path.join(run_dir, "history.json")))
+
+    result = train("--config", config, "--run-dir", run_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # It went on from the backup: only the epochs after it were trained again.
+    epochs_run = [line for line in result.stdout.splitlines() if line.startswith("Epoch ")]
+    assert epochs_run[0] == f"Epoch {saved_epoch + 2}/4"
+    history = json.load(open(os.path.join(run_dir, "history.json")))
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4]
+    assert history[:saved_epoch + 1] == before[:saved_epoch + 1]
+    # The optimizer's step counter came back too: the last epoch's mean learning rate is the
+    # schedule's over steps 12..15, not over a restarted 0..3.
+    schedule = optimizers.WarmupCosine(0.03 * 64 / 256, 4 * STEPS, STEPS)
+    expected_lr = np.mean([float(schedule(step)) for step in range(3 * STEPS, 4 * STEPS)])
+    assert history[3]["lr"] == pytest.approx(expected_lr, rel=1e-4)
+    assert history[3]["bank_lr"] > 0  # past the warm-up epoch: the CaCo phase
+    assert "run folder: " + os.path.abspath(run_dir) in result.stdout
+    assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
+                                       "saved_model.pb"))
