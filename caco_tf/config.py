@@ -38,6 +38,7 @@ DEFAULTS = {
         "key_momentum": 0.99,      # rises to 1.0 on a cosine over training
         "warmup_epochs": 1,        # MoCo-style pass that fills the bank with real keys
         "warmup_temperature": 0.2,
+        "resync_after_warmup": True,  # key encoder ← query encoder when the warm-up ends
     },
     "train": {
         "epochs": 200,

@@ -52,12 +52,14 @@ class CaCo(keras.Model):
       warmup_steps: steps of the MoCo-style warm-up pass that fills the bank (0: none, the
         bank keeps its random initialization).
       warmup_temperature: τ of the warm-up loss.
+      resync_after_warmup: copy the query encoder into the key encoder when the warm-up ends,
+        as the reference does.
     """
 
     def __init__(self, backbone, projector, bank_size=65536, temperature=0.08,
                  bank_temperature=0.08, bank_learning_rate=3.0, bank_momentum=0.9,
-                 key_momentum=0.99, warmup_steps=0, warmup_temperature=0.2, name="caco",
-                 **kwargs):
+                 key_momentum=0.99, warmup_steps=0, warmup_temperature=0.2,
+                 resync_after_warmup=True, name="caco", **kwargs):
         super().__init__(name=name, **kwargs)
         self.backbone = backbone
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
@@ -75,6 +77,7 @@ class CaCo(keras.Model):
         self.key_momentum = _as_schedule(key_momentum)
         self.warmup_steps = int(warmup_steps)
         self.warmup_temperature = warmup_temperature
+        self.resync_after_warmup = resync_after_warmup
 
         # The bank and its state are assigned by the step itself, never by an optimizer.
         state = dict(trainable=False, aggregation="only_first_replica")
@@ -128,7 +131,7 @@ class CaCo(keras.Model):
                 step = int(self.optimizer.iterations.numpy())
                 if step < self.warmup_steps:
                     return warmup_function(iterator)
-                if step == self.warmup_steps:
+                if step == self.warmup_steps and self.resync_after_warmup:
                     self.sync_key_encoder()
                 self._bank_ready = True
             return caco_function(iterator)

@@ -59,7 +59,8 @@ def build_model(config, steps_per_epoch):
         bank_momentum=caco["bank_momentum"],
         key_momentum=optimizers.CosineMomentum(caco["key_momentum"], total_steps),
         warmup_steps=caco["warmup_epochs"] * steps_per_epoch,
-        warmup_temperature=caco["warmup_temperature"])
+        warmup_temperature=caco["warmup_temperature"],
+        resync_after_warmup=caco["resync_after_warmup"])
     model.compile(
         optimizer=optimizers.build_encoder_optimizer(
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
