@@ -152,23 +152,16 @@ class CaCo(keras.Model):
         learning_rate = self._encoder_learning_rate()  # this step's, before the update
 
         # 1. Keys and their Most Probable Positives, from the pre-step bank.
-        key1 = self.key_encoder(view1, training=True)
-        key2 = self.key_encoder(view2, training=True)
+        key1, key2 = self._keys(view1, view2, training=True)
         bank = tf.convert_to_tensor(self.bank)
         bank_unit = losses.l2_normalize(bank)
         positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
         positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
 
         # 2. The encoder descends the symmetric CaCo loss.
-        with tf.GradientTape() as tape:
-            query1 = self.query_encoder(view1, training=True)
-            query2 = self.query_encoder(view2, training=True)
-            loss = (tf.reduce_mean(losses.caco_loss(query1, bank_unit, positive_for_view1,
-                                                    self.temperature))
-                    + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
-                                                      self.temperature)))
-            scaled_loss = self._scale_loss(loss)
-        self._apply_encoder_gradients(tape, scaled_loss)
+        loss, query1, query2 = self._encoder_step(
+            view1, view2, lambda query1, query2: self._caco_loss(
+                query1, query2, bank_unit, positive_for_view1, positive_for_view2))
 
         # 3. The bank's cooperative-adversarial step, from the same queries and bank.
         gradient = (
@@ -194,18 +187,14 @@ class CaCo(keras.Model):
         view1, view2 = _views(data)
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()
-        key1 = self.key_encoder(view1, training=True)
-        key2 = self.key_encoder(view2, training=True)
+        key1, key2 = self._keys(view1, view2, training=True)
         bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
-        with tf.GradientTape() as tape:
-            query1 = self.query_encoder(view1, training=True)
-            query2 = self.query_encoder(view2, training=True)
-            loss = (tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit,
-                                                    self.warmup_temperature))
-                    + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit,
-                                                      self.warmup_temperature)))
-            scaled_loss = self._scale_loss(loss)
-        self._apply_encoder_gradients(tape, scaled_loss)
+        loss, query1, query2 = self._encoder_step(
+            view1, view2, lambda query1, query2: (
+                tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit,
+                                                self.warmup_temperature))
+                + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit,
+                                                  self.warmup_temperature))))
 
         # One key per image, gathered from all replicas in replica order.
         new_bank, new_pointer = bank_lib.enqueue(
@@ -223,34 +212,48 @@ class CaCo(keras.Model):
     def test_step(self, data):
         """The CaCo loss and diagnostics without any update (encoders in inference mode)."""
         view1, view2 = _views(data)
-        key1 = self.key_encoder(view1, training=False)
-        key2 = self.key_encoder(view2, training=False)
+        key1, key2 = self._keys(view1, view2, training=False)
         query1 = self.query_encoder(view1, training=False)
         query2 = self.query_encoder(view2, training=False)
         bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
         positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
         positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
-        loss = (tf.reduce_mean(losses.caco_loss(query1, bank_unit, positive_for_view1,
-                                                self.temperature))
-                + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
-                                                  self.temperature)))
+        loss = self._caco_loss(query1, query2, bank_unit, positive_for_view1,
+                               positive_for_view2)
         self._track(loss, query1, query2, key1, key2, bank_unit, positive_for_view1,
                     positive_for_view2, self._encoder_learning_rate(),
                     self.bank_learning_rate(self.optimizer.iterations))
         return {m.name: m.result() for m in self.metrics}
 
     # ------------------------------------------------------------------ pieces of a step
+    def _keys(self, view1, view2, training):
+        return (self.key_encoder(view1, training=training),
+                self.key_encoder(view2, training=training))
+
+    def _caco_loss(self, query1, query2, bank_unit, positive_for_view1, positive_for_view2):
+        """Eq. (caco), symmetrized: each view's query against the other view's MPP."""
+        return (tf.reduce_mean(losses.caco_loss(query1, bank_unit, positive_for_view1,
+                                                self.temperature))
+                + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
+                                                  self.temperature)))
+
+    def _encoder_step(self, view1, view2, loss_of_queries):
+        """Queries of both views, the loss they give, one optimizer step on the query encoder."""
+        with tf.GradientTape() as tape:
+            query1 = self.query_encoder(view1, training=True)
+            query2 = self.query_encoder(view2, training=True)
+            loss = loss_of_queries(query1, query2)
+            scaled_loss = self._scale_loss(loss)
+        variables = self.query_encoder.trainable_variables
+        self.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
+        return loss, query1, query2
+
     def _scale_loss(self, loss):
         # Keras sums gradients over replicas: each replica contributes its share of the mean.
         loss = loss / distribute.num_replicas()
         if hasattr(self.optimizer, "scale_loss"):  # LossScaleOptimizer under mixed_float16
             loss = self.optimizer.scale_loss(loss)
         return loss
-
-    def _apply_encoder_gradients(self, tape, scaled_loss):
-        variables = self.query_encoder.trainable_variables
-        gradients = tape.gradient(scaled_loss, variables)
-        self.optimizer.apply(gradients, variables)
 
     def _update_key_encoder(self, step):
         momentum = self.key_momentum(step)
