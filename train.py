@@ -10,10 +10,13 @@ import argparse
 import os
 import sys
 
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "mnist.yaml")
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--config", help="YAML run config (default: the offline MNIST run)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="YAML run config (default: configs/mnist.yaml, the offline run)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key, e.g. --set caco.bank_lr=0.3")
     parser.add_argument("--run-dir", help="run folder (default: runs/<config name>)")
