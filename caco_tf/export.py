@@ -1,51 +1,191 @@
 """Export of the backbone as a TF Serving SavedModel: ``OUT/<model_name>/<version>/``.
 
-The graph takes uint8 images and does resizing and normalization itself, so a serving client
-sends raw pixels, and a process that imports neither keras nor caco_tf can load it.
+The graph does its own decoding, resizing and normalization, so a client sends raw pixels (or
+encoded files) and a process that imports neither keras nor caco_tf can load it
+(``tf.saved_model.load``, ``saved_model_cli``, TF Serving).
+
+Signatures (C is the model's channel count, S its image size, F/D the feature/embedding sizes):
+
+- ``serving_default``: ``images`` uint8 [batch, H, W, C], any H and W → ``features`` float32
+  [batch, F], the pooled backbone output.
+- ``embed`` (when an embedder is exported; ``train.py`` gives the query encoder): the same
+  input → ``embedding`` float32 [batch, D], the L2-normalized projector output.
+- ``serve_bytes``: ``image_bytes`` tf.string [batch] of encoded JPEG, PNG, GIF or BMP files
+  (REST clients send ``{"b64": ...}``) → ``features``.  Each file is decoded to RGB (first
+  frame of a GIF, alpha dropped) and, for C = 1, converted to grayscale (ITU-R 601 weights):
+  TF's GIF and BMP decoders cannot produce one channel themselves.
+
+Preprocessing, the same as evaluation: images already S×S are only scaled to [0, 1] and
+normalized, ``(x - mean) / std`` (scalar or per-channel mean and std), exactly as
+``data.eval_dataset`` does.  Any other size is first resized so that its shorter side is
+``round(S / crop_fraction)`` (aspect ratio kept; bilinear with antialiasing, like PIL and
+torchvision's ``Resize``), then centre-cropped to S×S (``crop_fraction`` 0.875: 256 → 224 for
+ImageNet).
+
+Bad input: a wrong rank or channel count fails in the graph with ``expected uint8 images
+[batch, height, width, C]; got shape [...]`` (tf.Tensor input, TF Serving requests); NumPy input
+from Python is stopped before, by the signature's binding, naming the expected
+``TensorSpec(shape=(None, None, None, C), dtype=tf.uint8, name='images')``.  A tf.Tensor of
+another dtype fails with "... was expected to be a uint8 tensor but is a float tensor".
+Beware: the binding *casts* a NumPy array of another dtype to uint8 without a check, so
+normalized float NumPy input silently gives wrong features; send uint8 pixels.  Undecodable
+bytes fail in ``tf.io.decode_image`` ("Unknown image file format..." or the format's own
+decode error).
 """
 
 import os
 
 import tensorflow as tf
 
+DEFAULT_CROP_FRACTION = 0.875
 
-class _BackboneModule(tf.Module):
-    def __init__(self, backbone, embedder, image_size, channels, mean, std):
-        super().__init__()
-        self.backbone = backbone
-        self.embedder = embedder
-        self.image_size = image_size
-        self.channels = channels
-        self.mean = tf.constant(mean, tf.float32)
-        self.std = tf.constant(std, tf.float32)
 
-    def preprocess(self, images):
-        images = tf.cast(images, tf.float32) / 255.0
-        images = tf.image.resize(images, [self.image_size, self.image_size])
-        return (images - self.mean) / self.std
+def expected_images(channels):
+    """How the uint8 signatures' input is described in error messages."""
+    return f"expected uint8 images [batch, height, width, {channels}]"
+
+
+def check_images(images, channels):
+    """Fail in the graph, with a readable message, when the rank or channel count is wrong.
+
+    The signature's TensorSpec only stops NumPy input from Python: a tf.Tensor, or a TF Serving
+    request, reaches the graph whatever its shape.
+    """
+    shape = tf.shape(images)
+    # The rank is counted from the shape's values: grappler folds tf.rank / tf.size(shape) to
+    # the 4 the signature declares, even when a tf.Tensor of another rank is passed.
+    rank = tf.reduce_sum(tf.cast(shape >= 0, tf.int32))
+    valid = tf.logical_and(tf.equal(rank, 4), tf.equal(shape[-1], channels))
+    check = tf.debugging.Assert(valid, [expected_images(channels) + "; got shape", shape],
+                                summarize=4)
+    with tf.control_dependencies([check]):
+        return tf.identity(images)
+
+
+def resize_and_center_crop(images, image_size, crop_fraction=DEFAULT_CROP_FRACTION):
+    """float [B, H, W, C] → [B, S, S, C]: shorter side to round(S / crop_fraction), centre crop.
+
+    Images already S×S pass through untouched, so a model's own-size inputs are not resampled.
+    """
+    resize_to = round(image_size / crop_fraction)
+    shape = tf.shape(images)
+    height, width = shape[1], shape[2]
+
+    def resize_then_crop():
+        short = tf.cast(tf.minimum(height, width), tf.float32)
+
+        def scaled(side):  # truncated as torchvision's Resize does, never below resize_to
+            return tf.maximum(resize_to, tf.cast(tf.cast(side, tf.float32) * resize_to / short,
+                                                 tf.int32))
+
+        new_height, new_width = scaled(height), scaled(width)
+        resized = tf.image.resize(images, [new_height, new_width], method="bilinear",
+                                  antialias=True)
+        top, left = (new_height - image_size) // 2, (new_width - image_size) // 2
+        return resized[:, top:top + image_size, left:left + image_size, :]
+
+    at_size = tf.logical_and(tf.equal(height, image_size), tf.equal(width, image_size))
+    images = tf.cond(at_size, lambda: images, resize_then_crop)
+    return tf.ensure_shape(images, [None, image_size, image_size, images.shape[-1]])
+
+
+def preprocess(images, image_size, mean, std, crop_fraction=DEFAULT_CROP_FRACTION):
+    """uint8 [B, H, W, C] → the normalized float [B, S, S, C] the backbone was trained on."""
+    images = tf.cast(images, tf.float32) / 255.0
+    images = resize_and_center_crop(images, image_size, crop_fraction)
+    return (images - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def convert_channels(images, channels):
+    """uint8 [..., c] with c in 1-4 (alpha last) → [..., channels] for channels 1 or 3."""
+    have = images.shape[-1]
+    if have in (2, 4):  # grayscale + alpha, RGBA: drop the alpha channel
+        images = images[..., :have - 1]
+        have -= 1
+    if have == channels:
+        return images
+    if channels == 1:
+        return tf.image.rgb_to_grayscale(images)
+    return tf.image.grayscale_to_rgb(images)
+
+
+def decode_rgb(contents):
+    """Encoded JPEG/PNG/GIF/BMP bytes → uint8 RGB [H, W, 3] (GIF: first frame; alpha dropped).
+
+    RGB is the one output every format decodes to (GIF and BMP cannot give one channel), and a
+    grayscale file comes back unchanged through ``convert_channels(..., 1)``.
+    """
+    return tf.io.decode_image(contents, channels=3, expand_animations=False)
+
+
+def decode_image(contents, channels):
+    """Encoded image bytes → uint8 [H, W, channels], as ``serve_bytes`` decodes each file."""
+    return convert_channels(decode_rgb(contents), channels)
+
+
+def _serving_root(functions):
+    """The object to save: it tracks exactly the tf.Variables that the signatures read.
+
+    Tracking the Keras models themselves would save each Keras variable twice (the
+    ``keras.Variable`` and the tf.Variable it wraps) with the restore op writing one copy and the
+    graph reading the other: TF2's loader copes, but TF Serving and ``saved_model_cli run``
+    (the TF1 loader) then fail with "Could not find variable ..." (keras-team/keras#20095).
+    ``keras.export.ExportArchive`` avoids it the same way.
+    """
+    root = tf.Module()
+    variables = {}
+    for function in functions:
+        for variable in function.get_concrete_function().variables:
+            variables.setdefault(id(variable), variable)
+    root.served_variables = list(variables.values())
+    return root
+
+
+def _check_statistics(channels, **statistics):
+    for name, value in statistics.items():
+        size = tf.constant(value).shape.num_elements()
+        if size not in (1, channels):
+            raise ValueError(f"{name} must be a scalar or one value per channel ({channels}), "
+                             f"got {value!r}")
 
 
 def export_backbone(backbone, directory, image_size, channels, mean, std, embedder=None,
-                    model_name="backbone", version=1):
-    """Write the SavedModel and return its version directory.
+                    model_name="backbone", version=1, crop_fraction=DEFAULT_CROP_FRACTION):
+    """Write the SavedModel (signatures in the module docstring); return its version directory.
 
-    Signatures: ``serving_default`` (uint8 [B, H, W, C] → ``features`` [B, F]) and, when an
-    ``embedder`` (the query encoder) is given, ``embed`` (→ ``embedding`` [B, D], L2-normalized).
+    ``mean`` and ``std`` are those of the training normalization, in [0, 1] pixel units.
     """
-    module = _BackboneModule(backbone, embedder, image_size, channels, mean, std)
-    spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
+    if channels not in (1, 3):
+        raise ValueError(f"channels must be 1 or 3, got {channels}")
+    if not 0.0 < crop_fraction <= 1.0:
+        raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
+    _check_statistics(channels, mean=mean, std=std)
 
-    @tf.function(input_signature=[spec])
+    def normalized(images):
+        return preprocess(check_images(images, channels), image_size, mean, std, crop_fraction)
+
+    images_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
+
+    @tf.function(input_signature=[images_spec])
     def serve(images):
-        return {"features": module.backbone(module.preprocess(images), training=False)}
+        return {"features": backbone(normalized(images), training=False)}
 
-    signatures = {"serving_default": serve}
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    def serve_bytes(image_bytes):
+        # Files differ in size: decode and resize one by one, then run the backbone on the batch.
+        images = tf.map_fn(
+            lambda contents: normalized(decode_image(contents, channels)[tf.newaxis])[0],
+            image_bytes,
+            fn_output_signature=tf.TensorSpec([image_size, image_size, channels], tf.float32))
+        return {"features": backbone(images, training=False)}
+
+    signatures = {"serving_default": serve, "serve_bytes": serve_bytes}
     if embedder is not None:
-        @tf.function(input_signature=[spec])
+        @tf.function(input_signature=[images_spec])
         def embed(images):
-            return {"embedding": module.embedder(module.preprocess(images), training=False)}
+            return {"embedding": embedder(normalized(images), training=False)}
         signatures["embed"] = embed
 
     path = os.path.join(directory, model_name, str(version))
-    tf.saved_model.save(module, path, signatures=signatures)
+    tf.saved_model.save(_serving_root(signatures.values()), path, signatures=signatures)
     return path

@@ -98,6 +98,7 @@ def run(config, run_dir, verbose=1):
     model = build_model(config, steps_per_epoch)
     dataset = data.pretrain_dataset(train_images, batch, views, seed=config["data"]["seed"])
     model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
+              shuffle=False,  # the dataset shuffles itself, once per epoch
               verbose=verbose, callbacks=[
                   callbacks.resumable(run_dir),
                   callbacks.HistoryJSON(os.path.join(run_dir, "history.json")),

@@ -4,7 +4,7 @@
 
 Rebuilds the model from the run's resolved ``config.yaml``, loads its last checkpoint and writes
 ``DIR/backbone/N/`` (default DIR: the run's ``saved_model/``).  ``train.py`` does the same at the
-end of every run.
+end of every run.  Signatures and preprocessing: ``caco_tf/export.py``.
 """
 
 import argparse
@@ -17,6 +17,9 @@ def main(argv=None):
     parser.add_argument("--run", required=True, help="run folder written by train.py")
     parser.add_argument("--out", help="output folder (default: RUN/saved_model)")
     parser.add_argument("--version", type=int, default=1)
+    parser.add_argument("--crop-fraction", type=float, default=0.875,
+                        help="serving resize: shorter side to image_size / this, then centre "
+                             "crop (default 0.875: 256 → 224)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -38,7 +41,7 @@ def main(argv=None):
     path = export.export_backbone(
         model.backbone, args.out or os.path.join(args.run, "saved_model"),
         config["data"]["image_size"], config["data"]["channels"], views.mean, views.std,
-        embedder=model.query_encoder, version=args.version)
+        embedder=model.query_encoder, version=args.version, crop_fraction=args.crop_fraction)
     print(f"saved model: {os.path.abspath(path)}")
     return 0
 
