@@ -75,11 +75,12 @@ def check_sizes(config, num_images):
     if batch > num_images:
         raise data.DataError(f"train.batch_size {batch} is larger than the data set "
                              f"({num_images} images)")
-    # The warm-up writes one key per image of its full batches; all rows must be real keys.
-    filled = config["caco"]["warmup_epochs"] * (num_images // batch) * batch
+    # One pass writes one key per image of its full batches: the bank holds distinct images
+    # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
+    filled = (num_images // batch) * batch
     if config["caco"]["warmup_epochs"] > 0 and bank > filled:
         raise data.DataError(
-            f"caco.bank_size {bank} is larger than the data set at initialization: the warm-up "
+            f"caco.bank_size {bank} is larger than the data set at initialization: one pass "
             f"fills {filled} rows from {num_images} images in batches of {batch}")
 
 
