@@ -20,6 +20,8 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import keras
 from keras import layers
 
+from caco_tf.layers import BatchNormalization
+
 __all__ = ["BACKBONE_NAMES", "build_backbone", "build_projector"]
 
 # torch's BatchNorm defaults: torch momentum 0.1 weights the *new* batch
@@ -52,7 +54,7 @@ def _dense_init() -> keras.initializers.Initializer:
 
 def _batch_norm(name: str, sync: bool) -> layers.BatchNormalization:
     """BatchNorm with torch defaults; ``sync`` reduces statistics across replicas."""
-    return layers.BatchNormalization(
+    return BatchNormalization(
         momentum=_BN_MOMENTUM,
         epsilon=_BN_EPSILON,
         synchronized=sync,
