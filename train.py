@@ -20,6 +20,9 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key, e.g. --set caco.bank_lr=0.3")
     parser.add_argument("--run-dir", help="run folder (default: runs/<config name>)")
+    parser.add_argument("--strategy", choices=("auto", "default", "mirrored", "multiworker"),
+                        help="tf.distribute strategy (default: the config's distribute.strategy, "
+                             "auto = mirrored when more than one GPU is visible)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
@@ -28,13 +31,18 @@ def main(argv=None):
     from caco_tf.data import DataError
 
     try:
-        config = load_config(args.config, args.set)
+        assignments = list(args.set)
+        if args.strategy:
+            assignments.append(f"distribute.strategy={args.strategy}")
+        config = load_config(args.config, assignments)
         run_dir = args.run_dir or os.path.join("runs", config["name"])
         from caco_tf import pretrain
         results = pretrain.run(config, run_dir, verbose=0 if args.quiet else 1)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if not results:  # a non-chief worker of a multi-worker run: the chief reports
+        return 0
     print(f"run folder: {os.path.abspath(run_dir)}")
     if "knn_top1" in results:
         print(f"kNN top-1: {results['knn_top1']:.1f}%")

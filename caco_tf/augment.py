@@ -9,10 +9,17 @@ per-image affine (crop-and-resize, rotation, shear, translation) applied with a 
 resample (keras' RandomRotation/RandomZoom/RandomTranslation each resample, blurring thin strokes
 three times over, and keras-cv has no per-image affine), stroke thickness, intensity gain and
 Gaussian noise.
+
+``AsymmetricViews`` (the paper's two views) and ``MultiCropViews`` (SwAV's multi-crop) are the
+colour views: drawn per image, before batching, inside the pipeline's parallel map (see the
+notes above ``IMAGENET_MEAN``).
 """
 
+import dataclasses
 import math
+from typing import Tuple
 
+import numpy as np
 import tensorflow as tf
 
 MNIST_MEAN = 0.1307
@@ -100,3 +107,314 @@ class DigitViews:
     def __call__(self, images, seed):
         seed1, seed2 = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         return self.view(images, seed1), self.view(images, seed2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Colour views, per image: the paper's asymmetric two views and SwAV-style multi-crop.
+#
+# These run per image inside one parallel ``tf.data`` map (decode → every view), so an op
+# applied with probability p costs only for the images that get it (``tf.cond``), and each view
+# is processed while it sits in cache.  Every random parameter comes from a stateless RNG seeded
+# by (data seed, image number, view number): a seed reproduces every view, whatever the map's
+# parallelism.  Keras' preprocessing layers draw from a stateful SeedGenerator instead, whose
+# draws a parallel map hands out in no fixed order.
+#
+# Which op does what, and why not a Keras / keras-cv layer.  Figures: ms per 224² view, ours
+# vs the layer, from `python benchmarks/input_pipeline.py --ops` on the shared 2-core
+# development machine (BENCHMARKS.md has the table):
+# - crop (0.73 vs keras-cv RandomCropAndResize 1.46): TF's RandomResizedCrop sampler
+#   ``tf.image.stateless_sample_distorted_bounding_box`` (area fraction and pixel aspect ratio,
+#   10 tries, else the whole image) and ``tf.image.resize(antialias=True)`` (bilinear, as PIL).
+#   The keras-cv layer takes its aspect ratio relative to the image's own, clips the window
+#   (skewing the area distribution), resizes without antialiasing and draws statefully.
+# - flip (0.20 vs keras RandomFlip 0.51): ``tf.reverse`` of the uint8 crop under ``tf.cond``;
+#   the layer flips every image and then selects.
+# - colour jitter + grayscale + normalization (0.84 vs keras RandomColorJitter +
+#   RandomGrayscale 3.48, without normalization): one 3×3 matrix and a scalar offset per view
+#   (``colour_affine``), one matmul, scalar clip, one bias-add.  The keras jitter also differs
+#   from torchvision's: it adds its brightness (torchvision multiplies), takes the contrast mean
+#   per channel (torchvision: of the grayscale image) and scales saturation in HSV
+#   (torchvision blends with the grayscale image).  Hue alone, in HSV, costs about our whole
+#   colour step (tf.image.adjust_hue 0.74, keras RandomHue 1.30), so our hue is a rotation of
+#   the YIQ chroma plane (it keeps the luma; HSV's hue shift keeps max and min of RGB), and
+#   values are clipped once, after the jitter, not after each of its four ops.
+# - blur (1.12 vs keras RandomGaussianBlur 28.25): separable Gaussian, σ per image, radius
+#   ⌈3σ⌉, mirrored edges (``gaussian_blur``).  The layer draws one σ per batch and runs a dense
+#   2-D kernel.  It is the costliest op of the two views (about 40 % of what they add to
+#   decoding and cropping); TF's conv2d, depthwise_conv2d, FFT and banded-matmul blurs were no
+#   faster here.
+# - solarize: ``tf.where`` at PIL's threshold 128, 20 % of second views (keras Solarization
+#   works the same; ours skips its value-range conversions).
+# ---------------------------------------------------------------------------------------------
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as torchvision's and TF's rgb_to_grayscale
+# ImageNet's statistics through the luma weights, for single-channel colour views.
+IMAGENET_GRAY_MEAN = sum(w * m for w, m in zip(LUMA, IMAGENET_MEAN))
+IMAGENET_GRAY_STD = sum(w * s for w, s in zip(LUMA, IMAGENET_STD))
+
+_RGB_TO_YIQ = np.array([LUMA, [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]], np.float64)
+_GRAY_MATRIX = np.outer(np.ones(3), LUMA).astype(np.float32)  # G = 1 wᵀ: the luma on every channel
+# Rotating YIQ's (I, Q) by θ is G + cos θ (I - G) + sin θ Q in RGB, with this Q; the sign
+# turns red towards yellow for θ > 0, as an HSV hue increase does.
+_HUE_SINE = (np.linalg.inv(_RGB_TO_YIQ) @ np.array([[0, 0, 0], [0, 0, 1], [0, -1, 0]])
+             @ _RGB_TO_YIQ).astype(np.float32)
+_SOLARIZE_THRESHOLD = 128.0 / 255.0  # PIL's ImageOps.solarize default: v ≥ 128 → 255 - v
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewRecipe:
+    """How one view is drawn; defaults are the reference's (torchvision) settings."""
+
+    size: int = 224
+    scale: Tuple[float, float] = (0.2, 1.0)        # RandomResizedCrop area fraction
+    ratio: Tuple[float, float] = (3 / 4, 4 / 3)    # and aspect ratio (width / height)
+    flip_probability: float = 0.5
+    jitter: Tuple[float, float, float, float] = (0.4, 0.4, 0.2, 0.1)  # bright., contr., sat., hue
+    jitter_probability: float = 0.8
+    grayscale_probability: float = 0.2
+    blur_probability: float = 0.5
+    blur_sigma: Tuple[float, float] = (0.1, 2.0)   # in pixels of the view (PIL's radius)
+    solarize_probability: float = 0.0
+
+
+# Indices into a view's vector of uniform draws.
+_CROP_SEED, _FLIP, _JITTER, _BRIGHT, _CONTRAST, _SATURATE, _HUE, _GRAY, _BLUR, _SIGMA, \
+    _SOLARIZE = range(11)
+_DRAWS = 11
+
+
+def crop_window(shape, seed, scale, ratio):
+    """RandomResizedCrop's window: (begin, size) of a crop of ``scale`` area and ``ratio`` aspect.
+
+    TF's sampler tries 10 times, then falls back to the whole image (torchvision: a centre
+    crop of the clamped aspect ratio).
+    """
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, tf.zeros([1, 0, 4]), seed=seed, min_object_covered=0.0,
+        aspect_ratio_range=ratio, area_range=scale, max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    return begin, size
+
+
+def resized_crop(image, seed, size, scale, ratio, flip=False):
+    """A random crop of ``image`` [H, W, C], optionally mirrored, resized to [size, size, C].
+
+    Float32 in the input's pixel units; bilinear with antialiasing, as PIL resizes.
+    """
+    begin, window = crop_window(tf.shape(image), seed, scale, ratio)
+    crop = tf.slice(image, begin, window)
+    if flip is not False:  # a boolean tensor: the flip's coin
+        crop = tf.cond(flip, lambda: tf.reverse(crop, [1]), lambda: crop)
+    return tf.image.resize(crop, [size, size], method="bilinear", antialias=True)
+
+
+def _hue_rotation(turns):
+    """The YIQ hue rotation by ``turns`` of the colour circle as a 3×3 RGB matrix."""
+    angle = 2.0 * math.pi * turns
+    return (_GRAY_MATRIX + tf.cos(angle) * (np.eye(3, dtype=np.float32) - _GRAY_MATRIX)
+            + tf.sin(angle) * _HUE_SINE)
+
+
+def colour_affine(mean_rgb, draws, amounts, jitter, grayscale, channels):
+    """The per-image colour jitter then grayscale, as ``x ↦ A x + c 1``; returns (A, c).
+
+    ``amounts`` are the jitter's (brightness, contrast, saturation, hue); ``jitter`` and
+    ``grayscale`` the two ops' coin flips (boolean tensors); ``draws`` the view's uniform draws;
+    ``mean_rgb`` the view's mean colour.  As torchvision: brightness b blends with black
+    (x ↦ b x), contrast k with the mean gray m of the image (x ↦ k x + (1 - k) m 1),
+    saturation s with the grayscale image (x ↦ s x + (1 - s) G x, G = 1 wᵀ the luma on every
+    channel); hue rotates the chroma by θ.  Without clipping in between, the four commute:
+    saturation and hue fix gray and keep the luma (G S = S G = G, same for the hue), and
+    brightness and contrast are scalings, so torchvision's random order changes nothing and
+
+        A = b k (G + s (cos θ (I - G) + sin θ Q)),   c = (1 - k) b wᵀμ,
+
+    with Q the rotation's generator and μ the mean colour; grayscale replaces A by b k G.  The
+    offset is one number for all channels: a scalar add, several times faster in TF than a
+    per-channel one.  One channel: A = b k, same c.
+    """
+    brightness, contrast, saturation, hue = (float(v) for v in _jitter_amounts(amounts))
+
+    def factor(index, amount):
+        return 1.0 + amount * (2.0 * draws[index] - 1.0)
+
+    bright, contr = factor(_BRIGHT, brightness), factor(_CONTRAST, contrast)
+    scale = tf.where(jitter, bright * contr, 1.0)
+    luma_mean = tf.reduce_sum(mean_rgb * (LUMA if channels == 3 else 1.0))
+    offset = tf.where(jitter, (1.0 - contr) * bright * luma_mean, 0.0)
+    if channels == 1:
+        return tf.reshape(scale, [1, 1]), offset
+    angle = 2.0 * math.pi * hue * (2.0 * draws[_HUE] - 1.0)
+    chroma = tf.where(jitter, factor(_SATURATE, saturation), 1.0) * tf.where(
+        grayscale, 0.0, 1.0)
+    angle = tf.where(jitter, angle, 0.0)
+    chroma_map = (tf.cos(angle) * (np.eye(3, dtype=np.float32) - _GRAY_MATRIX)
+                  + tf.sin(angle) * _HUE_SINE)
+    return scale * (_GRAY_MATRIX + chroma * chroma_map), offset
+
+
+def _jitter_amounts(jitter):
+    if len(jitter) != 4:
+        raise ValueError(f"jitter must be (brightness, contrast, saturation, hue), got {jitter}")
+    return jitter
+
+
+def gaussian_blur(image, sigma, max_radius):
+    """Separable Gaussian blur of [H, W, C] with standard deviation ``sigma`` (pixels).
+
+    The radius ⌈3σ⌉ (at most ``max_radius``) picks one of a few static branches: σ = 0.3
+    costs 3 taps a direction, σ = 2 costs 13.  Edges are mirrored.
+    """
+    radius = tf.clip_by_value(tf.cast(tf.math.ceil(3.0 * sigma), tf.int32), 1, max_radius)
+
+    def blur_with(r):
+        def run():
+            taps = tf.range(-r, r + 1, dtype=tf.float32)
+            weights = tf.exp(-0.5 * tf.square(taps / sigma))
+            weights = weights / tf.reduce_sum(weights)
+            height, width = tf.shape(image)[0], tf.shape(image)[1]
+            # Mirrored taps share their weight: r + 1 scalar products instead of 2r + 1.
+            padded = tf.pad(image, [[r, r], [0, 0], [0, 0]], mode="SYMMETRIC")
+            blurred = tf.add_n([padded[r:r + height] * weights[r]] + [
+                (padded[r + j:r + j + height] + padded[r - j:r - j + height]) * weights[r + j]
+                for j in range(1, r + 1)])
+            padded = tf.pad(blurred, [[0, 0], [r, r], [0, 0]], mode="SYMMETRIC")
+            return tf.add_n([padded[:, r:r + width] * weights[r]] + [
+                (padded[:, r + j:r + j + width] + padded[:, r - j:r - j + width])
+                * weights[r + j] for j in range(1, r + 1)])
+        return run
+
+    return tf.switch_case(radius - 1, [blur_with(r) for r in range(1, max_radius + 1)])
+
+
+def augment_view(image, seed, recipe, mean, std):
+    """One view of ``image`` (uint8 or [0, 1] float, [H, W, C]): normalized float32 [S, S, C]."""
+    channels = image.shape[-1]
+    unit = 1.0 / 255.0 if image.dtype == tf.uint8 else 1.0
+    draws = tf.random.stateless_uniform([_DRAWS], seed=seed)
+    crop_seed = tf.random.experimental.stateless_fold_in(seed, _CROP_SEED)
+    view = resized_crop(image, crop_seed, recipe.size, recipe.scale, recipe.ratio,
+                        flip=draws[_FLIP] < recipe.flip_probability)
+
+    # Colour, in [0, 1] units: x ↦ clip(A·x·unit + c, 0, 1).  The clip, the blur and the
+    # solarization work with scalars, which TF runs several times faster than per-channel
+    # broadcasts; the per-channel normalization comes last, as one fused bias-add.
+    jitter = draws[_JITTER] < recipe.jitter_probability
+    grayscale = draws[_GRAY] < recipe.grayscale_probability
+    recolour = tf.logical_or(jitter, grayscale) if channels == 3 else jitter
+
+    def coloured():
+        mean_rgb = tf.reduce_mean(tf.reduce_mean(view, 0), 0) * unit  # rows first: fast
+        matrix, offset = colour_affine(mean_rgb, draws, recipe.jitter, jitter, grayscale,
+                                       channels)
+        if channels == 1:
+            return view * (matrix[0, 0] * unit) + offset
+        flat = tf.matmul(tf.reshape(view, [-1, channels]), matrix * unit, transpose_b=True)
+        return tf.reshape(flat, tf.shape(view)) + offset
+
+    view = tf.cond(recolour, coloured, lambda: view * unit)
+    view = tf.clip_by_value(view, 0.0, 1.0)
+
+    if recipe.blur_probability > 0:
+        sigma = recipe.blur_sigma[0] + draws[_SIGMA] * (recipe.blur_sigma[1] - recipe.blur_sigma[0])
+        max_radius = max(1, math.ceil(3.0 * recipe.blur_sigma[1]))
+        view = tf.cond(draws[_BLUR] < recipe.blur_probability,
+                       lambda: gaussian_blur(view, sigma, max_radius), lambda: view)
+    if recipe.solarize_probability > 0:
+        view = tf.cond(draws[_SOLARIZE] < recipe.solarize_probability,
+                       lambda: tf.where(view >= _SOLARIZE_THRESHOLD, 1.0 - view, view),
+                       lambda: view)
+    if channels == 1:
+        view = (view - mean[0]) / std[0]
+    else:
+        view = tf.nn.bias_add(view * tf.constant([1.0 / s for s in std]),
+                              tf.constant([-m / s for m, s in zip(mean, std)]))
+    return tf.ensure_shape(view, [recipe.size, recipe.size, channels])
+
+
+class ImageViews:
+    """Views drawn per image (see the notes above); subclasses give the recipes.
+
+    ``augment_image(image, seed)`` maps one image (uint8 or [0, 1] float, any size) to a tuple
+    of normalized views; ``__call__(images, seed)`` does the same to a batch of equal-size
+    images (the interface ``DigitViews`` has); ``normalize`` is the evaluation transform of
+    images already at ``size``.
+    """
+
+    recipes: Tuple[ViewRecipe, ...] = ()
+
+    def __init__(self, size, channels, mean, std):
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {channels}")
+        self.size, self.channels = int(size), int(channels)
+        if mean is None:
+            mean = IMAGENET_MEAN if channels == 3 else (IMAGENET_GRAY_MEAN,)
+        if std is None:
+            std = IMAGENET_STD if channels == 3 else (IMAGENET_GRAY_STD,)
+        self.mean, self.std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+    @property
+    def num_views(self):
+        return len(self.recipes)
+
+    def augment_image(self, image, seed):
+        """Every view of one image; view i uses the seed folded with i."""
+        return tuple(
+            augment_view(image, tf.random.experimental.stateless_fold_in(seed, index), recipe,
+                         self.mean, self.std)
+            for index, recipe in enumerate(self.recipes))
+
+    def __call__(self, images, seed):
+        """Views of a batch [B, H, W, C]; image b uses the seed (seed, b) folded."""
+        seeds = tf.random.experimental.stateless_split(seed, tf.shape(images)[0])
+        signature = tuple(tf.TensorSpec([r.size, r.size, self.channels], tf.float32)
+                          for r in self.recipes)
+        return tf.map_fn(lambda args: self.augment_image(*args), (images, seeds),
+                         fn_output_signature=signature)
+
+    def normalize(self, images):
+        """The evaluation-time transform: the same normalization, nothing random."""
+        mean, std = tf.constant(self.mean, tf.float32), tf.constant(self.std, tf.float32)
+        return (tf.cast(images, tf.float32) - mean) / std
+
+
+class AsymmetricViews(ImageViews):
+    """The paper's two views (BYOL's asymmetric recipe, as the reference uses).
+
+    Both: RandomResizedCrop (``scale``, aspect 3/4-4/3) to ``size``, horizontal flip, colour
+    jitter (0.4, 0.4, 0.2, 0.1) with p = 0.8, grayscale p = 0.2; Gaussian blur (σ in
+    ``blur_sigma`` pixels) with p = 1.0 on view 1 and 0.1 on view 2; solarize p = 0.2 on view 2
+    only; ImageNet mean/std normalization.  On one channel, saturation, hue and grayscale are
+    skipped (they are identities on gray) and the statistics are ImageNet's through the luma.
+    """
+
+    def __init__(self, size=224, channels=3, scale=(0.2, 1.0), blur_sigma=(0.1, 2.0),
+                 mean=None, std=None):
+        super().__init__(size, channels, mean, std)
+        common = dict(size=self.size, scale=tuple(scale), blur_sigma=tuple(blur_sigma))
+        self.recipes = (ViewRecipe(**common, blur_probability=1.0),
+                        ViewRecipe(**common, blur_probability=0.1, solarize_probability=0.2))
+
+
+class MultiCropViews(ImageViews):
+    """SwAV's multi-crop as the reference's multi-crop transform draws it.
+
+    ``global_crops`` crops at ``size`` (scale ``global_scale``) then ``local_crops`` at
+    ``local_size`` (scale ``local_scale``); each: flip, colour jitter (0.4, 0.4, 0.4, 0.1) with
+    p = 0.8, grayscale p = 0.2, Gaussian blur p = 0.5, no solarization.  The model treats the
+    first two views as the global crops (caco_tf.model, ``multicrop_train_step``).
+    """
+
+    def __init__(self, size=224, local_size=96, local_crops=6, global_scale=(0.14, 1.0),
+                 local_scale=(0.05, 0.14), channels=3, blur_sigma=(0.1, 2.0), mean=None,
+                 std=None):
+        super().__init__(size, channels, mean, std)
+        common = dict(jitter=(0.4, 0.4, 0.4, 0.1), blur_probability=0.5,
+                      blur_sigma=tuple(blur_sigma))
+        self.local_size = int(local_size)
+        self.recipes = (
+            (ViewRecipe(size=self.size, scale=tuple(global_scale), **common),) * 2
+            + (ViewRecipe(size=self.local_size, scale=tuple(local_scale), **common),)
+            * int(local_crops))

@@ -63,3 +63,25 @@ def enqueue(bank, rows, pointer):
     indices = tf.math.floormod(pointer + tf.range(count), size)
     bank = tf.tensor_scatter_nd_update(bank, indices[:, None], tf.cast(rows, bank.dtype))
     return bank, tf.math.floormod(pointer + count, size)
+
+
+def adversarial_negative_gradient(queries, keys, bank, temperature):
+    """AdCo's bank update: every row is a negative and ascends the InfoNCE loss, [K, D].
+
+    With the other view's key k as the positive and the bank as the negatives (eq. infonce),
+    p_j = exp(z·b̂_j/τ) / (exp(z·k/τ) + Σ_i exp(z·b̂_i/τ)) and ∂ℓ/∂b_j = (1/τ) p_j T_j z; the
+    bank maximizes ℓ (eq. adco), so the returned direction g = -(1/τ) mean_n p_nj T_j z_n makes
+    ``bank - lr * g`` the ascent step (every row moves towards the queries).  Used by the
+    "Negative" ablation (``caco_tf.ablations``).
+    """
+    queries = tf.stop_gradient(tf.cast(queries, tf.float32))
+    keys = tf.stop_gradient(tf.cast(keys, tf.float32))
+    bank = tf.convert_to_tensor(bank, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(bank)
+        logits = losses.bank_logits(queries, losses.l2_normalize(bank), temperature)
+    positive = tf.reduce_sum(queries * keys, axis=-1, keepdims=True) / temperature
+    # The positive's logit is in the softmax's denominator but has no bank row.
+    probs = tf.nn.softmax(tf.concat([positive, logits], axis=-1), axis=-1)[:, 1:]
+    batch = tf.cast(tf.shape(queries)[0], tf.float32)
+    return tape.gradient(logits, bank, output_gradients=-probs / batch)

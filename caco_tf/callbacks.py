@@ -5,6 +5,8 @@ import os
 
 import keras
 
+from caco_tf import evaluation
+
 
 class HistoryJSON(keras.callbacks.Callback):
     """Writes every finished epoch's logs to a JSON list, surviving resumes.
@@ -31,10 +33,71 @@ class HistoryJSON(keras.callbacks.Callback):
         os.replace(temporary, self.path)  # never leave a half-written file behind a kill
 
 
-def resumable(run_dir):
-    """Keras' BackupAndRestore in ``run_dir/backup``: weights, optimizer, bank state and epoch.
+class Resume(keras.callbacks.BackupAndRestore):
+    """Keras' BackupAndRestore where only the writer (the chief) saves; every process restores.
+
+    Under MultiWorkerMirroredStrategy every worker must restore the same state, so all read the
+    chief's backup, and only the chief writes it: workers never collide on files.  The previous
+    backup is kept beside the latest (``double_checkpoint``), so a kill in the middle of a write
+    falls back to the epoch before instead of failing to resume.
+    """
+
+    def __init__(self, backup_dir, writer=True):
+        super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False,
+                         double_checkpoint=True)
+        self.writer = writer
+
+    def _save_model(self):
+        if self.writer:
+            super()._save_model()
+
+
+def resumable(run_dir, writer=True):
+    """Resume state in ``run_dir/backup``: weights, optimizer, bank state and epoch.
 
     The backup is kept after the run ends, so re-running a finished command does not retrain.
     """
-    return keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup"),
-                                            save_freq="epoch", delete_checkpoint=False)
+    return Resume(os.path.join(run_dir, "backup"), writer=writer)
+
+
+class KNNMonitor(keras.callbacks.Callback):
+    """Weighted kNN top-1 (%) of the backbone's features every ``every`` epochs, into the logs.
+
+    The InstDisc/MoCo monitor: L2-normalized features of labelled training images (the
+    neighbours) and of held-out images (the queries), k nearest by cosine, votes weighted by
+    exp(s / T).  It writes ``logs[name]``, so History, ``HistoryJSON`` and TensorBoard placed
+    after it in the callback list record it; epochs it skips have no entry (the last epoch is
+    always measured).
+
+    Args:
+      train_data, test_data: batched datasets of (normalized images, labels), no augmentation
+        (``caco_tf.data.eval_dataset(..., labels=...)``).
+      every: measure after every ``every``-th epoch.
+      backbone: the model to evaluate (default: ``self.model.backbone``).
+    """
+
+    def __init__(self, train_data, test_data, every=1, k=200, temperature=0.07,
+                 name="knn_top1", backbone=None):
+        super().__init__()
+        self.train_data, self.test_data = train_data, test_data
+        self.every, self.k, self.temperature = int(every), int(k), float(temperature)
+        self.name = name
+        self.backbone = backbone
+        self._epochs = None
+
+    def on_train_begin(self, logs=None):
+        self._epochs = self.params.get("epochs") if self.params else None
+
+    def on_epoch_end(self, epoch, logs=None):
+        last = self._epochs == epoch + 1
+        if logs is None or ((epoch + 1) % self.every and not last):
+            return
+        logs[self.name] = self.measure()
+
+    def measure(self):
+        """The kNN top-1 (%) of the current backbone."""
+        backbone = self.backbone or self.model.backbone
+        train_features, train_labels = evaluation.extract_features(backbone, self.train_data)
+        test_features, test_labels = evaluation.extract_features(backbone, self.test_data)
+        return 100.0 * evaluation.knn_accuracy(train_features, train_labels, test_features,
+                                               test_labels, self.k, self.temperature)

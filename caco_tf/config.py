@@ -9,6 +9,11 @@ import copy
 import yaml
 
 
+STRATEGIES = ("auto", "default", "mirrored", "multiworker")
+# caco.method: CaCo or one of the paper's ablation rows / baselines (caco_tf.ablations).
+METHODS = ("caco", "none", "positive", "negative", "moco_v2", "simclr")
+
+
 class ConfigError(ValueError):
     """A configuration problem the user can fix."""
 
@@ -17,17 +22,29 @@ class ConfigError(ValueError):
 DEFAULTS = {
     "name": "mnist",
     "data": {
-        "source": "mnist",         # mnist | mnist_validation (tuning split) | npz:PATH
-        "image_size": 28,
-        "channels": 1,
-        "views": "digits",         # the two-view augmentation (caco_tf.augment)
+        # mnist | mnist_validation (tuning split) | npz:PATH | folder:PATH | tfds:NAME[:SPLIT]
+        "source": "mnist",
+        "data_dir": "",            # TFDS data_dir ("": TFDS's default, ~/tensorflow_datasets)
+        "manual_dir": "",          # TFDS manual_dir (imagenet2012's tar files)
+        "image_size": 28,          # the views' (global crops') size
+        "channels": 1,             # 1 | 3; images are converted to it when decoded
+        # digits | asymmetric (the paper's two views; alias: cifar, imagenet) | multicrop
+        "views": "digits",
+        "crop_scale": [0.2, 1.0],  # asymmetric views: RandomResizedCrop area range
+        "blur_sigma": [0.1, 2.0],  # colour views: Gaussian blur σ range, pixels of the view
+        "multicrop": {             # views: multicrop (SwAV's 2×224 + 6×96)
+            "local_size": 96,
+            "local_crops": 6,
+            "global_scale": [0.14, 1.0],
+            "local_scale": [0.05, 0.14],
+        },
         "seed": 0,
     },
     "model": {
         "backbone": "small_convnet",  # small_convnet | cifar_resnet18 | resnet50
         "projector_hidden": 2048,
         "embedding_dim": 256,
-        "sync_batchnorm": False,
+        "sync_batchnorm": None,    # None: synchronized BatchNorm exactly when replicas > 1
     },
     "caco": {
         "bank_size": 65536,        # K
@@ -39,6 +56,8 @@ DEFAULTS = {
         "warmup_epochs": 1,        # MoCo-style pass that fills the bank with real keys
         "warmup_temperature": 0.2,
         "resync_after_warmup": True,  # key encoder ← query encoder when the warm-up ends
+        # caco | none | positive | negative (the paper's ablation rows) | moco_v2 | simclr
+        "method": "caco",
     },
     "train": {
         "epochs": 200,
@@ -50,16 +69,29 @@ DEFAULTS = {
         "lr_warmup_epochs": 0,
         "seed": 0,
         "jit_compile": False,
+        "precision": "float32",    # float32 | mixed_float16 | mixed_bfloat16 (keras policy)
+    },
+    "distribute": {
+        "strategy": "auto",        # auto | default | mirrored | multiworker (caco_tf.distribute)
     },
     "evaluation": {
         "knn_k": 5,
         "knn_temperature": 0.07,
         "batch_size": 500,
+        # kNN monitor during pre-training (caco_tf.callbacks.KNNMonitor), logged as knn_top1:
+        # training images' labels against the held-out split, every N epochs (0: off).
+        "knn_monitor_every": 5,
+        "knn_monitor_k": 200,
+        "knn_monitor_temperature": 0.07,
+        # A Dense head on stop-gradient backbone features, trained beside the encoder on
+        # labelled batches (probe_top1; CaCo(online_probe_classes)); it never changes the
+        # encoder.  Refused for now: data.pretrain_dataset does not yield labels yet.
+        "online_probe": False,
     },
 }
 
 # Keys whose default is None, with the type a given value must have.
-_DERIVED_TYPES = {("train", "learning_rate"): float}
+_DERIVED_TYPES = {("train", "learning_rate"): float, ("model", "sync_batchnorm"): bool}
 
 
 def _check_type(path, value, default):
@@ -141,12 +173,49 @@ def load_config(path=None, assignments=()):
 def _validate(config):
     positive = [("train", "epochs"), ("train", "batch_size"), ("caco", "bank_size"),
                 ("caco", "temperature"), ("caco", "bank_temperature"), ("model", "embedding_dim"),
-                ("evaluation", "knn_k"), ("data", "image_size"), ("data", "channels")]
+                ("evaluation", "knn_k"), ("data", "image_size"), ("data", "channels"),
+                ("evaluation", "knn_monitor_k"), ("evaluation", "knn_monitor_temperature")]
     for section, key in positive:
         if config[section][key] <= 0:
             raise ConfigError(f"{section}.{key} must be positive, got {config[section][key]}")
+    if config["evaluation"]["knn_monitor_every"] < 0:
+        raise ConfigError("evaluation.knn_monitor_every must be 0 (off) or positive")
     if not 0 <= config["caco"]["warmup_epochs"] < config["train"]["epochs"]:
         raise ConfigError("caco.warmup_epochs must be at least 0 and below train.epochs")
+    choices = {("train", "precision"): ("float32", "mixed_float16", "mixed_bfloat16"),
+               ("distribute", "strategy"): STRATEGIES, ("caco", "method"): METHODS}
+    for (section, key), allowed in choices.items():
+        if config[section][key] not in allowed:
+            raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}, got "
+                              f"{config[section][key]!r}")
     if config["train"]["optimizer"] not in ("auto", "sgd", "lars"):
         raise ConfigError(f"train.optimizer must be auto, sgd or lars, got "
                           f"{config['train']['optimizer']!r}")
+    if config["caco"]["method"] != "caco" and config["data"]["views"] == "multicrop":
+        raise ConfigError(f"caco.method {config['caco']['method']} takes two views; "
+                          f"data.views multicrop works with caco.method caco only")
+    _validate_data(config["data"])
+
+
+VIEWS = ("digits", "asymmetric", "cifar", "imagenet", "multicrop")
+
+
+def _validate_data(data):
+    if data["views"] not in VIEWS:
+        raise ConfigError(f"data.views must be one of {', '.join(VIEWS)}, got {data['views']!r}")
+    if data["channels"] not in (1, 3):
+        raise ConfigError(f"data.channels must be 1 or 3, got {data['channels']}")
+    ranges = {"data.crop_scale": (data["crop_scale"], 1.0),
+              "data.multicrop.global_scale": (data["multicrop"]["global_scale"], 1.0),
+              "data.multicrop.local_scale": (data["multicrop"]["local_scale"], 1.0),
+              "data.blur_sigma": (data["blur_sigma"], None)}
+    for name, (value, upper) in ranges.items():
+        numbers = len(value) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if not numbers or not 0 <= value[0] <= value[1] or (upper and value[1] > upper) or (
+                upper and value[1] <= 0):
+            bound = f" at most {upper}" if upper else ""
+            raise ConfigError(f"{name} must be [low, high] with 0 <= low <= high{bound}, got "
+                              f"{value!r}")
+    if data["multicrop"]["local_size"] <= 0 or data["multicrop"]["local_crops"] < 0:
+        raise ConfigError("data.multicrop.local_size must be positive and local_crops >= 0")

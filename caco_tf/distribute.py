@@ -7,6 +7,8 @@ a replica needs a merge into cross-replica context; these helpers do that the wa
 MultiWorkerMirroredStrategy.
 """
 
+import os
+
 import keras
 import tensorflow as tf
 
@@ -52,8 +54,83 @@ def global_mean(local_mean, local_count):
 
 
 def all_gather(value):
-    """Concatenate ``value`` from all replicas along axis 0, in replica order."""
+    """Concatenate ``value`` [n, ...] from all replicas along axis 0, in replica order.
+
+    Every replica writes its rows into its own slot of a zero tensor and one SUM all-reduce
+    fills all slots.  ``ReplicaContext.all_gather`` would do this too, but its shape exchange
+    is a second kind of collective that MirroredStrategy may launch in a different order on
+    different replicas next to synchronized BatchNorm's all-reduces, which aborts the step
+    ("Collective instance … expected type 0 … but got type 2").  Local batches are equal
+    (the pipelines drop remainders).
+    """
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return value
-    return context.all_gather(value, axis=0)
+    replicas = context.num_replicas_in_sync
+    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+    slots = tf.one_hot(replica, replicas, dtype=value.dtype)  # [R]
+    spread = slots[:, None] * tf.reshape(value, [1, -1])  # [R, n·...], zeros but own slot
+    gathered = context.all_reduce(tf.distribute.ReduceOp.SUM, spread)
+    return tf.reshape(gathered, tf.concat([[-1], tf.shape(value)[1:]], axis=0))
+
+
+# ---------------------------------------------------------------------- strategies for a run
+def make_strategy(name="auto"):
+    """The ``tf.distribute`` strategy a run asks for.
+
+    ``auto``: MirroredStrategy over the visible GPUs when there is more than one, else the
+    default (one device).  ``mirrored``: MirroredStrategy over every GPU, or every logical CPU
+    device when there is no GPU (how the tests get two replicas on one CPU).  ``multiworker``:
+    MultiWorkerMirroredStrategy, the cluster and this process's task read from ``TF_CONFIG``.
+    The global batch stays what the config says; each replica gets its share.
+    """
+    from caco_tf.config import ConfigError
+
+    # Physical devices only until the strategy exists: listing logical devices starts the
+    # runtime, after which a multi-worker strategy can no longer be configured.
+    if name == "auto":
+        name = "mirrored" if len(tf.config.list_physical_devices("GPU")) > 1 else "default"
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([d.name for d in devices])
+    if name == "multiworker":
+        if "TF_CONFIG" not in os.environ:
+            raise ConfigError("distribute.strategy multiworker needs TF_CONFIG (cluster and "
+                              "this worker's task); see README 'Several machines'")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise ConfigError(f"unknown distribute.strategy {name!r}")
+
+
+def is_multi_worker(strategy=None):
+    strategy = strategy or tf.distribute.get_strategy()
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+        strategy.extended._in_multi_worker_mode())  # noqa: SLF001 (no public accessor)
+
+
+def is_chief(strategy=None):
+    """Whether this process writes the run folder (logs, checkpoints, SavedModel).
+
+    One process per cluster writes: the ``chief`` task if the cluster has one, else worker 0.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    if not is_multi_worker(strategy):
+        return True
+    resolver = strategy.cluster_resolver
+    if resolver.task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return not has_chief and resolver.task_type == "worker" and resolver.task_id == 0
+
+
+def reducible(logs):
+    """Step outputs Keras can reduce under every strategy.
+
+    Keras reduces a step's outputs with ``strategy.reduce("MEAN", value, axis=0)`` under
+    MultiWorkerMirroredStrategy, which rejects scalars (keras-team/keras#20585); a [1] tensor
+    reduces to the same scalar mean.  Other strategies get the scalars untouched.
+    """
+    if not is_multi_worker():
+        return logs
+    return {name: tf.reshape(value, [1]) for name, value in logs.items()}

@@ -26,7 +26,9 @@ from caco_tf import losses
 def build_encoder(backbone, projector, name):
     """backbone → projector → L2 normalization: the query/key encoder φ_θ of the paper."""
     inputs = keras.Input(backbone.input_shape[1:])
-    embedding = keras.layers.UnitNormalization(name="l2_normalize")(projector(backbone(inputs)))
+    # float32 whatever the policy: the embedding feeds the bank's logits, softmax and loss.
+    embedding = keras.layers.UnitNormalization(name="l2_normalize", dtype="float32")(
+        projector(backbone(inputs)))
     return keras.Model(inputs, embedding, name=name)
 
 
@@ -54,12 +56,19 @@ class CaCo(keras.Model):
       warmup_temperature: τ of the warm-up loss.
       resync_after_warmup: copy the query encoder into the key encoder when the warm-up ends,
         as the reference does.
+      online_probe_classes: if set, an online linear probe (evaluation only): a Dense head with
+        its own optimizer, trained on stop-gradient backbone features of view 1 whenever a
+        batch carries labels; its accuracy is ``probe_top1``.  It never changes the encoder.
+      multi_crop: batches hold two global crops then local crops (``augment.MultiCropViews``);
+        ``train_step`` is then ``multicrop_train_step``.  The backbone must accept every crop
+        size (build it with input shape (None, None, C)).
     """
 
     def __init__(self, backbone, projector, bank_size=65536, temperature=0.08,
                  bank_temperature=0.08, bank_learning_rate=3.0, bank_momentum=0.9,
                  key_momentum=0.99, warmup_steps=0, warmup_temperature=0.2,
-                 resync_after_warmup=True, name="caco", **kwargs):
+                 resync_after_warmup=True, online_probe_classes=None, multi_crop=False,
+                 name="caco", **kwargs):
         super().__init__(name=name, **kwargs)
         self.backbone = backbone
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
@@ -78,6 +87,7 @@ class CaCo(keras.Model):
         self.warmup_steps = int(warmup_steps)
         self.warmup_temperature = warmup_temperature
         self.resync_after_warmup = resync_after_warmup
+        self.multi_crop = bool(multi_crop)
 
         # The bank and its state are assigned by the step itself, never by an optimizer.
         state = dict(trainable=False, aggregation="only_first_replica")
@@ -97,19 +107,41 @@ class CaCo(keras.Model):
         self.lr_tracker = keras.metrics.Mean(name="lr")
         self.bank_lr_tracker = keras.metrics.Mean(name="bank_lr")
         self._bank_ready = self.warmup_steps == 0
+
+        self.online_probe = None
+        if online_probe_classes:
+            # Parameter-free standardization, then one Dense: the features' scale then sets
+            # neither the probe's speed nor its learning rate.
+            self.online_probe = keras.Sequential([
+                keras.Input((backbone.output_shape[-1],)),
+                keras.layers.BatchNormalization(center=False, scale=False, momentum=0.9,
+                                                dtype="float32"),
+                keras.layers.Dense(online_probe_classes, dtype="float32")], name="online_probe")
+            self.probe_optimizer = keras.optimizers.Adam(1e-2)
+            self.probe_top1 = keras.metrics.SparseCategoricalAccuracy(name="probe_top1")
         self.built = True  # every variable exists now; Keras' restore callbacks need this
 
     # ------------------------------------------------------------------ Keras plumbing
     @property
     def metrics(self):
+        probe = [self.probe_top1] if self.online_probe is not None else []
         return [self.loss_tracker, self.contrast_top1, self.positive_probability,
-                self.distinct_positives, self.bank_norm, self.lr_tracker, self.bank_lr_tracker]
+                self.distinct_positives, self.bank_norm, self.lr_tracker,
+                self.bank_lr_tracker] + probe
 
     def compile(self, optimizer="sgd", **kwargs):
         super().compile(optimizer=optimizer, **kwargs)
         # Only the query encoder is optimized: the key encoder follows by EMA, the bank by its
         # own rule.  Building here keeps Keras from allocating slots for the key encoder.
         self.optimizer.build(self.query_encoder.trainable_variables)
+        if self.online_probe is not None:
+            self.probe_optimizer.build(self.online_probe.trainable_variables)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Every variable exists from __init__/compile, so Keras' symbolic build has nothing to
+        # do; skipping it also avoids its eager reduce of a data batch, which fails under
+        # MultiWorkerMirroredStrategy (keras-team/keras#20585).
+        return
 
     def call(self, images, training=False):
         """The query embedding z (the bank's space)."""
@@ -147,6 +179,8 @@ class CaCo(keras.Model):
 
     # ------------------------------------------------------------------ the algorithm
     def train_step(self, data):
+        if self.multi_crop:
+            return self.multicrop_train_step(data)
         view1, view2 = _views(data)
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()  # this step's, before the update
@@ -180,7 +214,70 @@ class CaCo(keras.Model):
 
         self._track(loss, query1, query2, key1, key2, bank_unit,
                     positive_for_view1, positive_for_view2, learning_rate, bank_lr)
-        return {m.name: m.result() for m in self.metrics}
+        self._probe_step(data, view1)
+        return distribute.reducible({m.name: m.result() for m in self.metrics})
+
+    def multicrop_train_step(self, data):
+        """The CaCo step over multi-crop batches (SwAV's protocol, as the reference does it).
+
+        ``data`` holds the two global crops, then any number of local crops.  MPP indices come
+        from the key embeddings of the two global crops only: each global crop's query is
+        trained against the other global crop's MPP, each local crop's query against the MPPs
+        of both global crops.  The loss is the two-view loss over the global pairs (a sum, as
+        ``train_step``'s) plus twice the mean over the local pairs: twice the reference's
+        (mean over global pairs + mean over local pairs), so that with no local crop this step
+        is exactly the two-view step.  The bank's gradient weights the same pairs the same way,
+        from the pre-step queries and bank.  Warm-up and evaluation use the global crops.
+        """
+        crops = _crops(data)
+        global1, global2, local = crops[0], crops[1], crops[2:]
+        step = self.optimizer.iterations
+        learning_rate = self._encoder_learning_rate()
+
+        key1, key2 = self._keys(global1, global2, training=True)
+        bank = tf.convert_to_tensor(self.bank)
+        bank_unit = losses.l2_normalize(bank)
+        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
+        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
+        # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
+        local_positives = tf.tile(tf.concat([positive_for_view1, positive_for_view2], 0),
+                                  [len(local)])
+
+        with tf.GradientTape() as tape:
+            query1 = self.query_encoder(global1, training=True)
+            query2 = self.query_encoder(global2, training=True)
+            local_queries = tf.concat(
+                [tf.concat([query, query], 0) for query in
+                 (self.query_encoder(crop, training=True) for crop in local)], 0) if local \
+                else None
+            loss = self._caco_loss(query1, query2, bank_unit, positive_for_view1,
+                                   positive_for_view2)
+            if local:
+                loss += 2.0 * tf.reduce_mean(losses.caco_loss(
+                    local_queries, bank_unit, local_positives, self.temperature))
+            scaled_loss = self._scale_loss(loss)
+        variables = self.query_encoder.trainable_variables
+        self.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
+
+        gradient = (
+            bank_lib.cooperative_adversarial_gradient(query1, bank, positive_for_view1,
+                                                      self.bank_temperature)
+            + bank_lib.cooperative_adversarial_gradient(query2, bank, positive_for_view2,
+                                                        self.bank_temperature))
+        if local:
+            gradient += 2.0 * bank_lib.cooperative_adversarial_gradient(
+                local_queries, bank, local_positives, self.bank_temperature)
+        gradient = distribute.global_mean(gradient, tf.shape(query1)[0])
+        bank_lr = self.bank_learning_rate(step)
+        new_bank, new_velocity = bank_lib.momentum_step(
+            bank, self.bank_velocity, gradient, bank_lr, self.bank_momentum)
+        distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
+        self._update_key_encoder(step)
+
+        self._track(loss, query1, query2, key1, key2, bank_unit,
+                    positive_for_view1, positive_for_view2, learning_rate, bank_lr)
+        self._probe_step(data, global1)
+        return distribute.reducible({m.name: m.result() for m in self.metrics})
 
     def warmup_step(self, data):
         """MoCo-style step that trains the encoder against the bank while filling it FIFO."""
@@ -207,7 +304,8 @@ class CaCo(keras.Model):
         positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
         self._track(loss, query1, query2, key1, key2, bank_unit,
                     positive_for_view1, positive_for_view2, learning_rate, tf.constant(0.0))
-        return {m.name: m.result() for m in self.metrics}
+        self._probe_step(data, view1)
+        return distribute.reducible({m.name: m.result() for m in self.metrics})
 
     def test_step(self, data):
         """The CaCo loss and diagnostics without any update (encoders in inference mode)."""
@@ -223,7 +321,8 @@ class CaCo(keras.Model):
         self._track(loss, query1, query2, key1, key2, bank_unit, positive_for_view1,
                     positive_for_view2, self._encoder_learning_rate(),
                     self.bank_learning_rate(self.optimizer.iterations))
-        return {m.name: m.result() for m in self.metrics}
+        self._probe_step(data, view1, learn=False)
+        return distribute.reducible({m.name: m.result() for m in self.metrics})
 
     # ------------------------------------------------------------------ pieces of a step
     def _keys(self, view1, view2, training):
@@ -282,6 +381,25 @@ class CaCo(keras.Model):
     def _encoder_learning_rate(self):
         return tf.cast(self.optimizer.learning_rate, tf.float32)
 
+    def _probe_step(self, data, view1, learn=True):
+        """The online probe on view 1's backbone features, when enabled and the batch is labelled.
+
+        Inference-mode and stop-gradient features (as keras-cv's ContrastiveTrainer): neither
+        the encoder's gradients nor its BatchNorm statistics see the probe.
+        """
+        labels = _labels(data)
+        if self.online_probe is None or labels is None:
+            return
+        features = tf.stop_gradient(tf.cast(self.backbone(view1, training=False), tf.float32))
+        with tf.GradientTape() as tape:
+            logits = self.online_probe(features, training=learn)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                labels, logits, from_logits=True)) / distribute.num_replicas()
+        if learn:
+            variables = self.online_probe.trainable_variables
+            self.probe_optimizer.apply(tape.gradient(loss, variables), variables)
+        self.probe_top1.update_state(labels, logits)
+
 
 def _views(data):
     """Accept (view1, view2), (views, label) or {'views': ..., 'label': ...} batches."""
@@ -289,5 +407,23 @@ def _views(data):
         data = data["views"]
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], (tuple, list)):
         data = data[0]  # ((view1, view2), label): labels are for evaluation only
-    view1, view2 = data
+    view1, view2 = data[:2]  # a multi-crop batch: its two global crops
     return view1, view2
+
+
+def _crops(data):
+    """All views of a batch, in order (two global crops first for multi-crop batches)."""
+    if isinstance(data, dict):
+        data = data["views"]
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], (tuple, list)):
+        data = data[0]
+    return tuple(data)
+
+
+def _labels(data):
+    """The labels of a (views, label) or {'views': ..., 'label': ...} batch; None if absent."""
+    if isinstance(data, dict):
+        return data.get("label")
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], (tuple, list)):
+        return data[1]
+    return None

@@ -5,52 +5,67 @@ A run folder holds ``config.yaml`` (resolved), ``tensorboard/``, ``backup/`` (re
 ``results.json``.
 """
 
+import contextlib
 import json
 import os
 
 import keras
-import numpy as np
+import tensorflow as tf
 import yaml
 
-from caco_tf import augment, backbones, callbacks, data, evaluation, export, optimizers
+from caco_tf import (augment, backbones, callbacks, data, distribute, evaluation, export,
+                     optimizers)
+from caco_tf.ablations import model_class
 from caco_tf.config import ConfigError
-from caco_tf.model import CaCo
 
 
 def load_data(config):
-    """The training images (unlabelled for pre-training) and the evaluation split, if any."""
-    source = config["data"]["source"]
-    if source in ("mnist", "mnist_validation"):
-        split = (data.load_offline_mnist() if source == "mnist"
-                 else data.load_offline_mnist_validation())
-        return split["train"], split["test"]
-    if source.startswith("npz:"):
-        path = source[4:]
-        if not os.path.exists(path):
-            raise data.DataError(f"data path not found: {path}")
-        images, labels = data.load_numpy(path)
-        return (images, labels), None
-    raise ConfigError(f"data.source must be 'mnist', 'mnist_validation' or 'npz:PATH', "
-                      f"got {source!r}")
+    """The training source (unlabelled for pre-training) and the held-out source, if any."""
+    settings = config["data"]
+    return data.load_source(settings["source"], channels=settings["channels"],
+                            data_dir=settings["data_dir"], manual_dir=settings["manual_dir"])
 
 
 def build_views(config):
-    if config["data"]["views"] == "digits":
+    """The views ``data.views`` names (caco_tf.augment), at the configured sizes."""
+    settings = config["data"]
+    name, size, channels = settings["views"], settings["image_size"], settings["channels"]
+    if name == "digits":
         return augment.DigitViews()
-    raise ConfigError(f"data.views must be 'digits', got {config['data']['views']!r}")
+    if name in ("asymmetric", "cifar", "imagenet"):  # the last two: the configs' names
+        return augment.AsymmetricViews(size, channels, scale=settings["crop_scale"],
+                                       blur_sigma=settings["blur_sigma"])
+    if name == "multicrop":
+        crops = settings["multicrop"]
+        return augment.MultiCropViews(
+            size, crops["local_size"], crops["local_crops"], crops["global_scale"],
+            crops["local_scale"], channels=channels, blur_sigma=settings["blur_sigma"])
+    raise ConfigError(f"data.views must be digits, asymmetric or multicrop, got {name!r}")
 
 
-def build_model(config, steps_per_epoch):
-    """The CaCo model, compiled with the paper's optimizer and schedules for this run."""
+def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
+    """The CaCo model, compiled with the paper's optimizer and schedules for this run.
+
+    Build it inside the strategy's scope.  BatchNorm is synchronized over the replicas (as in
+    the reference) unless ``model.sync_batchnorm`` says otherwise.  ``num_classes``: the
+    online probe's, when ``evaluation.online_probe`` is on (without it, no probe: a rebuilt
+    model still loads a probed run's checkpoint, the probe's weights left aside).
+    """
     model_config, caco, train = config["model"], config["caco"], config["train"]
     size, channels = config["data"]["image_size"], config["data"]["channels"]
-    backbone = backbones.build_backbone(model_config["backbone"], (size, size, channels),
-                                        sync_batchnorm=model_config["sync_batchnorm"])
+    sync = model_config["sync_batchnorm"]
+    sync = num_replicas > 1 if sync is None else sync
+    multi_crop = config["data"]["views"] == "multicrop"
+    # Multi-crop feeds crops of two sizes: the backbone takes any size.
+    backbone = backbones.build_backbone(
+        model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
+        sync_batchnorm=sync)
     projector = backbones.build_projector(
         backbone.output_shape[-1], model_config["projector_hidden"],
-        model_config["embedding_dim"], sync_batchnorm=model_config["sync_batchnorm"])
+        model_config["embedding_dim"], sync_batchnorm=sync)
     total_steps = train["epochs"] * steps_per_epoch
-    model = CaCo(
+    # caco.method: CaCo or an ablation row / baseline, same arguments (caco_tf.ablations).
+    model = model_class(caco["method"])(
         backbone, projector,
         bank_size=caco["bank_size"],
         temperature=caco["temperature"],
@@ -60,7 +75,9 @@ def build_model(config, steps_per_epoch):
         key_momentum=optimizers.CosineMomentum(caco["key_momentum"], total_steps),
         warmup_steps=caco["warmup_epochs"] * steps_per_epoch,
         warmup_temperature=caco["warmup_temperature"],
-        resync_after_warmup=caco["resync_after_warmup"])
+        resync_after_warmup=caco["resync_after_warmup"],
+        online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
+        multi_crop=multi_crop)
     model.compile(
         optimizer=optimizers.build_encoder_optimizer(
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
@@ -85,49 +102,129 @@ def check_sizes(config, num_images):
 
 
 def run(config, run_dir, verbose=1):
-    """Pre-train (resuming if ``run_dir`` holds a backup), evaluate and export. Returns results."""
+    """Pre-train (resuming if ``run_dir`` holds a backup), evaluate and export. Returns results.
+
+    Under MultiWorkerMirroredStrategy every worker runs this with the same config; only the
+    chief writes the run folder, evaluates and exports (the others return an empty dict).
+    """
+    # First: a multi-worker strategy must be created before TensorFlow runs any op.
+    strategy = distribute.make_strategy(config["distribute"]["strategy"])
     keras.utils.set_random_seed(config["train"]["seed"])
-    (train_images, train_labels), held_out = load_data(config)
-    check_sizes(config, len(train_images))
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as handle:
-        yaml.safe_dump(config, handle, sort_keys=False)
+    train, held_out = load_data(config)
+    check_sizes(config, len(train))
+    if config["evaluation"]["online_probe"]:
+        # The model trains its probe on ((views), labels) batches (CaCo(online_probe_classes)),
+        # but data.pretrain_dataset yields views only, without the images' labels.
+        raise ConfigError("evaluation.online_probe is not wired into the pre-training input "
+                          "pipeline yet (data.pretrain_dataset yields no labels)")
+    chief = distribute.is_chief(strategy)
+    if chief:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.yaml"), "w") as handle:
+            yaml.safe_dump(config, handle, sort_keys=False)
 
     batch = config["train"]["batch_size"]
-    steps_per_epoch = len(train_images) // batch
+    steps_per_epoch = len(train) // batch
     views = build_views(config)
-    model = build_model(config, steps_per_epoch)
-    dataset = data.pretrain_dataset(train_images, batch, views, seed=config["data"]["seed"])
+    with _dtype_policy(config["train"]["precision"]), strategy.scope():
+        model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync)
+    skipped = data.SkippedFiles()  # unreadable images: skipped, reported once per epoch
+    dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
+        train, batch, views, seed=config["data"]["seed"], input_context=context,
+        skipped=skipped, image_size=config["data"]["image_size"],
+        channels=config["data"]["channels"]))
+    monitor = knn_monitor(config, views, train, held_out)
     model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
               shuffle=False,  # the dataset shuffles itself, once per epoch
-              verbose=verbose, callbacks=[
-                  callbacks.resumable(run_dir),
-                  callbacks.HistoryJSON(os.path.join(run_dir, "history.json")),
-                  keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard")),
-                  keras.callbacks.ModelCheckpoint(
-                      os.path.join(run_dir, "checkpoints", "last.weights.h5"),
-                      save_weights_only=True)])
+              verbose=verbose if chief else 0,
+              callbacks=_callbacks(run_dir, chief, monitor) + [skipped.callback()])
+    if not chief:
+        return {}
 
-    results = {"epochs": config["train"]["epochs"]}
-    if held_out is not None and train_labels is not None:
-        results["knn_top1"] = knn_top1(model.backbone, views, config, train_images,
-                                       train_labels, *held_out)
+    backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
+    results = {"epochs": config["train"]["epochs"],
+               "replicas": int(strategy.num_replicas_in_sync)}
+    if held_out is not None and train.has_labels:
+        results["knn_top1"] = knn_top1(backbone, views, config, train, held_out)
     results["saved_model"] = export.export_backbone(
-        model.backbone, os.path.join(run_dir, "saved_model"), config["data"]["image_size"],
-        config["data"]["channels"], views.mean, views.std, embedder=model.query_encoder)
+        backbone, os.path.join(run_dir, "saved_model"), config["data"]["image_size"],
+        config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
     with open(os.path.join(run_dir, "results.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     return results
 
 
-def knn_top1(backbone, views, config, train_images, train_labels, test_images, test_labels):
+def knn_monitor(config, views, train, held_out):
+    """The kNN monitor callback (training labels against the held-out split), or None.
+
+    None when ``evaluation.knn_monitor_every`` is 0 or the data has no labelled held-out split.
+    """
+    every = config["evaluation"]["knn_monitor_every"]
+    if not every or held_out is None or not train.has_labels:
+        return None
+    return callbacks.KNNMonitor(
+        eval_dataset(config, views, train), eval_dataset(config, views, held_out), every=every,
+        k=config["evaluation"]["knn_monitor_k"],
+        temperature=config["evaluation"]["knn_monitor_temperature"])
+
+
+def _callbacks(run_dir, chief, monitor=None):
+    """Resume state for every process; monitor, logs, TensorBoard, checkpoints: chief only.
+
+    The monitor comes before the loggers: they record what it adds to the epoch's logs.
+    """
+    resume = callbacks.resumable(run_dir, writer=chief)
+    if not chief:
+        return [resume]
+    loggers = [callbacks.HistoryJSON(os.path.join(run_dir, "history.json")),
+               keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard")),
+               keras.callbacks.ModelCheckpoint(
+                   os.path.join(run_dir, "checkpoints", "last.weights.h5"),
+                   save_weights_only=True)]
+    return [resume] + ([monitor] if monitor else []) + loggers
+
+
+@contextlib.contextmanager
+def _dtype_policy(name):
+    """Build the model under a keras dtype policy without leaking it to later code."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _local_copy(model):
+    """A single-device copy of a (possibly mirrored) model, for evaluation and export."""
+    if not _is_distributed(model):
+        return model
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _is_distributed(model):
+    return any(isinstance(getattr(v, "value", v), tf.distribute.DistributedValues)
+               for v in model.weights)
+
+
+def eval_dataset(config, views, source, skipped=None):
+    """(normalized images, labels) batches of a labelled source, as evaluation sees them."""
+    return data.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
+                             image_size=config["data"]["image_size"],
+                             channels=config["data"]["channels"], skipped=skipped)
+
+
+def knn_top1(backbone, views, config, train, held_out):
     """Held-out weighted kNN top-1 (%) against the training images, per the config."""
-    batch = config["evaluation"]["batch_size"]
-    train_features = evaluation.extract_features(
-        backbone, data.eval_dataset(train_images, batch, views.normalize))
-    test_features = evaluation.extract_features(
-        backbone, data.eval_dataset(test_images, batch, views.normalize))
+    skipped = data.SkippedFiles()
+    train_features, train_labels = evaluation.extract_features(
+        backbone, eval_dataset(config, views, train, skipped))
+    test_features, test_labels = evaluation.extract_features(
+        backbone, eval_dataset(config, views, held_out, skipped))
+    skipped.report("kNN evaluation")
     accuracy = evaluation.knn_accuracy(
-        train_features, np.asarray(train_labels), test_features, np.asarray(test_labels),
+        train_features, train_labels, test_features, test_labels,
         k=config["evaluation"]["knn_k"], temperature=config["evaluation"]["knn_temperature"])
     return 100.0 * accuracy

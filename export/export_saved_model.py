@@ -32,12 +32,12 @@ def main(argv=None):
         config = load_config(os.path.join(args.run, "config.yaml"))
         if not os.path.exists(weights):
             raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
+        views = pretrain.build_views(config)
+        model = pretrain.build_model(config, steps_per_epoch=1)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    model = pretrain.build_model(config, steps_per_epoch=1)
     model.load_weights(weights)
-    views = pretrain.build_views(config)
     path = export.export_backbone(
         model.backbone, args.out or os.path.join(args.run, "saved_model"),
         config["data"]["image_size"], config["data"]["channels"], views.mean, views.std,

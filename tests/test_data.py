@@ -62,3 +62,228 @@ def test_numpy_source_errors(tmp_path):
         data.load_numpy(str(path))
     with pytest.raises(data.DataError, match="cannot read NumPy data"):
         data.load_numpy(str(tmp_path / "missing.npz"))
+
+
+# ------------------------------------------------------------------ sources and pipelines
+import logging  # noqa: E402
+import os  # noqa: E402
+
+import tensorflow_datasets as tfds  # noqa: E402
+from PIL import Image  # noqa: E402
+
+
+def legacy_pretrain_dataset(images, batch_size, views, seed):
+    """The array pipeline as it was before the sources existed (the offline default's)."""
+    dataset = tf.data.Dataset.from_tensor_slices(images)
+    dataset = dataset.shuffle(len(images), seed=seed, reshuffle_each_iteration=True).repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=True).enumerate()
+    return dataset.map(lambda number, batch: views(
+        data.to_unit_float(batch), tf.stack([tf.cast(seed, tf.int64), number])))
+
+
+def test_digit_views_pipeline_is_unchanged():
+    images = data.load_offline_mnist()["train"][0][:96]
+    new = list(data.pretrain_dataset(images, 32, augment.DigitViews(), seed=5).take(4))
+    old = list(legacy_pretrain_dataset(images, 32, augment.DigitViews(), 5).take(4))
+    for (a1, a2), (b1, b2) in zip(new, old):
+        np.testing.assert_array_equal(a1, b1)
+        np.testing.assert_array_equal(a2, b2)
+
+
+def make_folder(root, corrupt=False):
+    """cat/ and dog/ with every format and colour mode; pixel (0, 0) encodes the image."""
+    rng = np.random.default_rng(0)
+    files = []
+    for label, name in enumerate(["cat", "dog"]):
+        os.makedirs(root / name)
+        for index, (extension, mode) in enumerate([("jpg", "RGB"), ("png", "RGBA"),
+                                                   ("bmp", "RGB"), ("gif", "P"),
+                                                   ("png", "L"), ("jpeg", "L")]):
+            pixels = rng.integers(0, 256, (30 + index, 40, 3), dtype=np.uint8)
+            image = Image.fromarray(pixels)
+            image = image.convert(mode) if mode != "P" else image.quantize(16)
+            path = root / name / f"{index}.{extension}"
+            image.save(path)
+            files.append((str(path), label))
+    (root / "dog" / "notes.txt").write_text("not an image: ignored by extension")
+    if corrupt:
+        whole = (root / "cat" / "0.jpg").read_bytes()
+        (root / "cat" / "truncated.jpg").write_bytes(whole[:len(whole) // 2])
+        (root / "dog" / "garbage.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+        broken = bytearray(whole)
+        broken[3:300] = bytes(297)  # intact ends, broken header: only decoding finds out
+        (root / "dog" / "headless.jpg").write_bytes(bytes(broken))
+    return files
+
+
+def test_folder_source_labels_formats_and_channels(tmp_path):
+    files = make_folder(tmp_path)
+    source = data.folder_source(str(tmp_path))
+    assert source.class_names == ("cat", "dog") and len(source) == 12
+    assert [(p, int(l)) for p, l in zip(source.paths, source.labels)] == sorted(files)
+    for channels in (3, 1):
+        batches = list(data.eval_dataset(source, 5, lambda x: x, image_size=16,
+                                         channels=channels))
+        images = np.concatenate([b[0] for b in batches])
+        labels = np.concatenate([b[1] for b in batches])
+        assert images.shape == (12, 16, 16, channels)
+        np.testing.assert_array_equal(labels, source.labels)
+        assert 0.0 <= images.min() and images.max() <= 1.0
+    # Grayscale files come back as gray RGB; the RGB JPEG's evaluation crop is the exported
+    # model's: shorter side to 18 (16 / 0.875), centre crop.
+    gray = next(iter(data.eval_dataset(data.FileSource(np.array([files[4][0]])), 1,
+                                       lambda x: x, image_size=16, channels=3)))
+    np.testing.assert_allclose(gray[0][..., 0], gray[0][..., 2], atol=1e-6)
+
+
+def test_corrupt_files_are_skipped_counted_and_reported_once(tmp_path, caplog):
+    make_folder(tmp_path, corrupt=True)
+    source = data.folder_source(str(tmp_path))
+    skipped = data.SkippedFiles()
+    images = list(data.eval_dataset(source, 4, lambda x: x, image_size=16, channels=3,
+                                    skipped=skipped))
+    labels = np.concatenate([b[1] for b in images])
+    assert len(labels) == 12 and skipped.total == 3
+    with caplog.at_level(logging.WARNING, logger="caco_tf.data"):
+        assert skipped.report("epoch 1") == 3
+        assert skipped.report("epoch 2") == 0  # reset: one warning per report
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "epoch 1: skipped 3 unreadable image files" in message
+    assert "truncated.jpg" in message and "garbage.png" in message
+    # Pre-training skips them too, and keeps going.
+    views = augment.AsymmetricViews(size=16)
+    batches = list(data.pretrain_dataset(source, 6, views, seed=0, skipped=skipped).take(5))
+    assert all(b[0].shape == (6, 16, 16, 3) for b in batches)
+    assert skipped.total > 3
+
+
+def test_looks_complete_per_format(tmp_path):
+    make_folder(tmp_path)
+    for path in sorted(tmp_path.glob("*/*.*")):
+        if path.suffix == ".txt":
+            continue
+        whole = path.read_bytes()
+        assert data.looks_complete(tf.constant(whole)).numpy(), path.name
+        assert not data.looks_complete(tf.constant(whole[:len(whole) - 40])).numpy(), path.name
+    assert not data.looks_complete(tf.constant(b"")).numpy()
+
+
+def test_file_pipeline_is_reproducible_and_fresh_each_pass(tmp_path):
+    make_folder(tmp_path)
+    source = data.folder_source(str(tmp_path))
+    views = augment.AsymmetricViews(size=16)
+
+    def first_batches(seed):
+        return [b[0].numpy() for b in data.pretrain_dataset(source, 4, views, seed=seed)
+                .take(6)]
+
+    run1, run2, other = first_batches(1), first_batches(1), first_batches(2)
+    for a, b in zip(run1, run2):
+        np.testing.assert_array_equal(a, b)
+    assert max(np.abs(a - b).max() for a, b in zip(run1, other)) > 0.1
+    # Passes 1 and 2 (3 batches of 4 each) show different views.
+    assert np.abs(np.sort(np.concatenate(run1[:3]), axis=0)
+                  - np.sort(np.concatenate(run1[3:]), axis=0)).max() > 0.1
+
+
+def test_every_image_once_per_epoch_across_input_pipelines(tmp_path):
+    files = make_folder(tmp_path)
+    arrays = data.ArraySource(np.arange(16, dtype=np.uint8).reshape(16, 1, 1, 1))
+    folder = data.folder_source(str(tmp_path))
+    for source, expected in [(arrays, list(range(16))),
+                             (folder, sorted(path.encode() for path, _ in files))]:
+        seen = []
+        for pipeline in range(2):  # one pass: each pipeline reads half the images
+            stream = source.stream(seed=3, shards=(2, pipeline))
+            for element in stream.take(len(source) // 2).as_numpy_iterator():
+                seen.append(element[0] if source.encoded else int(element.ravel()[0]))
+        assert sorted(seen) == expected
+
+
+class EchoViews:
+    """Batch views that pass the images through: which images each batch holds."""
+
+    def __call__(self, images, seed):
+        return images, images
+
+
+def test_mirrored_input_is_sharded_into_per_replica_batches():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    images = np.arange(16, dtype=np.uint8).reshape(16, 1, 1, 1)
+    dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
+        images, 8, EchoViews(), seed=0, input_context=context))
+    iterator, seen = iter(dataset), []
+    for _ in range(2):  # one epoch: 16 images, global batch 8
+        view1, _ = next(iterator)
+        for local in strategy.experimental_local_results(view1):
+            assert local.shape == (4, 1, 1, 1)  # per-replica batch
+            seen += list(np.round(local.numpy().ravel() * 255).astype(int))
+    assert sorted(seen) == list(range(16))
+    # Two workers (input pipelines) of one replica each: disjoint shards, all images.
+    seen = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(2, pipeline, 2)
+        pass_ = data.pretrain_dataset(images, 8, EchoViews(), seed=0, input_context=context)
+        for view1, _ in pass_.take(2):
+            seen += list(np.round(view1.numpy().ravel() * 255).astype(int))
+    assert sorted(seen) == list(range(16))
+
+
+def test_tfds_source_with_mock_data():
+    views = augment.AsymmetricViews(size=16)
+    with tfds.testing.mock_data(num_examples=12):
+        train, held_out = data.load_source("tfds:cifar10", channels=3)
+        assert len(train) == 12 and train.has_labels and held_out.split == "test"
+        view1, view2 = next(iter(data.pretrain_dataset(train, 4, views, seed=0)))
+        assert view1.shape == (4, 16, 16, 3) and view2.shape == (4, 16, 16, 3)
+        images, labels = zip(*data.eval_dataset(held_out, 5, views.normalize, image_size=16,
+                                                channels=3))
+        assert sum(len(x) for x in labels) == 12 and images[0].shape == (5, 16, 16, 3)
+        train, _ = data.load_source("tfds:cifar10:train[:50%]", channels=3)
+        assert train.split == "train[:50%]"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tfds:no_such_data_set", "unknown TFDS data set 'no_such_data_set'"),
+    ("folder:/no/such/folder", "data path not found: /no/such/folder"),
+    ("npz:/no/such/file.npz", "data path not found: /no/such/file.npz"),
+    ("imagenet", "unknown data source 'imagenet'"),
+])
+def test_bad_sources_are_one_line_errors(spec, message):
+    with pytest.raises(data.DataError, match=message) as error:
+        data.load_source(spec)
+    assert "\n" not in str(error.value)
+
+
+def test_empty_and_unreadable_folders_are_one_line_errors(tmp_path, monkeypatch):
+    (tmp_path / "empty_class").mkdir()
+    (tmp_path / "readme.txt").write_text("no images here")
+    with pytest.raises(data.DataError, match="no images .* under"):
+        data.folder_source(str(tmp_path))
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "listdir", denied)
+    with pytest.raises(data.DataError, match="cannot read folder .*: Permission denied"):
+        data.folder_source(str(tmp_path))
+
+
+def test_numpy_channels_are_converted():
+    gray = np.arange(8, dtype=np.uint8).reshape(2, 2, 2)
+    rgb = data.convert_array_channels(gray, 3)
+    assert rgb.shape == (2, 2, 2, 3) and (rgb[..., 0] == rgb[..., 2]).all()
+    rgba = np.zeros((1, 2, 2, 4), np.uint8)
+    rgba[..., 0] = 100
+    np.testing.assert_array_equal(data.convert_array_channels(rgba, 1)[..., 0],
+                                  np.full((1, 2, 2), 30))  # round(0.299 · 100)
+
+
+def test_digit_views_on_image_files(tmp_path):
+    make_folder(tmp_path)
+    source = data.folder_source(str(tmp_path))
+    view1, view2 = next(iter(data.pretrain_dataset(source, 4, augment.DigitViews(), seed=0,
+                                                   image_size=28, channels=1)))
+    assert view1.shape == (4, 28, 28, 1) and view2.shape == (4, 28, 28, 1)
+    assert np.abs(view1 - view2).max() > 0.1

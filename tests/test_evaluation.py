@@ -1,8 +1,16 @@
-"""Weighted kNN against a brute-force NumPy version."""
+"""Weighted kNN against brute-force NumPy, feature extraction, the kNN monitor callback and the
+online linear probe (which must never change the encoder)."""
 
+import json
+
+import keras
 import numpy as np
+import pytest
+import tensorflow as tf
 
-from caco_tf import evaluation
+from caco_tf import backbones, callbacks, evaluation
+from caco_tf.layers import BatchNormalization
+from caco_tf.model import CaCo
 
 
 def _unit(x):
@@ -47,3 +55,166 @@ def test_knn_accuracy_on_separable_clusters():
     test = _unit(centres[labels] + 0.05 * rng.normal(size=(90, 8)))
     assert evaluation.knn_accuracy(train, labels, test, labels, k=5) == 1.0
     assert evaluation.knn_accuracy(train, labels, test, (labels + 1) % 3, k=5) == 0.0
+
+
+def test_top5_and_votes_match_numpy():
+    rng = np.random.default_rng(2)
+    train, test = _unit(rng.normal(size=(100, 8))), _unit(rng.normal(size=(30, 8)))
+    labels, test_labels = rng.integers(0, 7, size=100), rng.integers(0, 7, size=30)
+    votes = evaluation.knn_votes(train, labels, test, k=10, temperature=0.2, num_classes=7)
+    for row, query in zip(votes, test):
+        similarity = train @ query
+        top = np.argsort(-similarity)[:10]
+        expected = np.zeros(7)
+        np.add.at(expected, labels[top], np.exp(similarity[top] / 0.2))
+        np.testing.assert_allclose(row, expected, rtol=1e-4)
+    ranked = np.argsort(-votes, axis=1, kind="stable")
+    for k in (1, 5):
+        expected = np.mean([t in r[:k] for t, r in zip(test_labels, ranked)])
+        assert evaluation.top_k_accuracy(votes, test_labels, k) == pytest.approx(expected)
+    assert evaluation.top_k_accuracy(votes, test_labels, 7) == 1.0
+
+
+def test_extract_features_normalizes_only_when_asked():
+    backbone = keras.Sequential([keras.Input((3,)), keras.layers.Dense(
+        2, kernel_initializer="ones", use_bias=False)])
+    x = np.array([[1.0, 0.0, 0.0], [1.0, 2.0, 0.0]], np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, np.array([4, 5]))).batch(1)
+    raw, labels = evaluation.extract_features(backbone, dataset, normalize=False)
+    np.testing.assert_allclose(raw, [[1.0, 1.0], [3.0, 3.0]])
+    np.testing.assert_array_equal(labels, [4, 5])
+    unit = evaluation.extract_features(backbone, dataset.map(lambda a, b: a))
+    np.testing.assert_allclose(unit, np.full((2, 2), 2 ** -0.5), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------- KNNMonitor
+def test_knn_monitor_logs_every_n_epochs_and_the_last(tmp_path):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(3)
+    backbone = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4)], name="backbone")
+    model = keras.Sequential([backbone, keras.layers.Dense(2)])
+    model.backbone = backbone  # the attribute KNNMonitor reads, as on CaCo
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    train_x, test_x = rng.normal(size=(40, 6)), rng.normal(size=(20, 6))
+    train_y, test_y = rng.integers(0, 3, 40), rng.integers(0, 3, 20)
+    batches = lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(16)  # noqa: E731
+    monitor = callbacks.KNNMonitor(batches(train_x, train_y), batches(test_x, test_y), every=2,
+                                   k=3, temperature=0.1)
+    path = str(tmp_path / "history.json")
+    history = model.fit(rng.normal(size=(32, 6)), rng.normal(size=(32, 2)), epochs=3, verbose=0,
+                        callbacks=[monitor, callbacks.HistoryJSON(path)])
+    rows = json.load(open(path))
+    assert ["knn_top1" in row for row in rows] == [False, True, True]  # epoch 2, last epoch
+    assert len(history.history["knn_top1"]) == 2
+    # The last measurement is the kNN of the final backbone, computed here independently.
+    train_f, test_f = (_unit(backbone(x).numpy()) for x in (train_x, test_x))
+    expected = 100 * np.mean(numpy_knn(train_f, train_y, test_f, 3, 0.1, 3) == test_y)
+    assert rows[2]["knn_top1"] == pytest.approx(expected)
+
+
+# ---------------------------------------------------------------------------- online probe
+SIZE = 10
+
+
+def tiny_caco(probe_classes=None, warmup_steps=0, learning_rate=0.1, batchnorm=True):
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential([
+        keras.Input((SIZE, SIZE, 1)),
+        keras.layers.Conv2D(6, 3, strides=2, use_bias=False)]
+        + ([BatchNormalization()] if batchnorm else [])
+        + [keras.layers.ReLU(), keras.layers.GlobalAveragePooling2D()], name="backbone")
+    projector = backbones.build_projector(6, hidden_dim=16, output_dim=8)
+    model = CaCo(backbone, projector, bank_size=32, temperature=0.1, bank_temperature=0.2,
+                 bank_learning_rate=0.5, key_momentum=0.9, warmup_steps=warmup_steps,
+                 online_probe_classes=probe_classes)
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9))
+    return model
+
+
+def labelled_batches(steps, batch=16, seed=0, labels=True):
+    rng = np.random.default_rng(seed)
+    view1 = rng.normal(size=(steps * batch, SIZE, SIZE, 1)).astype("float32")
+    view2 = rng.normal(size=(steps * batch, SIZE, SIZE, 1)).astype("float32")
+    y = rng.integers(0, 3, steps * batch)
+    elements = ((view1, view2), y) if labels else (view1, view2)
+    return tf.data.Dataset.from_tensor_slices(elements).batch(batch)
+
+
+def encoder_state(model):
+    return [w.numpy() for w in model.query_encoder.weights + model.key_encoder.weights
+            + [model.bank, model.bank_velocity, model.bank_pointer]]
+
+
+def test_online_probe_never_changes_the_encoder():
+    # Two warm-up steps then two CaCo steps, on labelled batches, with and without the probe.
+    plain, probed = tiny_caco(None, warmup_steps=2), tiny_caco(3, warmup_steps=2)
+    for before, after in zip(encoder_state(plain), encoder_state(probed)):
+        np.testing.assert_array_equal(before, after)
+    probe_before = [w.numpy() for w in probed.online_probe.trainable_weights]
+    history_plain = plain.fit(labelled_batches(4), epochs=1, verbose=0)
+    history_probed = probed.fit(labelled_batches(4), epochs=1, verbose=0)
+    for without, with_probe in zip(encoder_state(plain), encoder_state(probed)):
+        np.testing.assert_array_equal(without, with_probe)
+    assert history_plain.history["loss"] == history_probed.history["loss"]
+    assert "probe_top1" in history_probed.history and "probe_top1" not in history_plain.history
+    for before, after in zip(probe_before, probed.online_probe.trainable_weights):
+        assert np.abs(after.numpy() - before).max() > 1e-4  # the probe itself did train
+
+
+def test_online_probe_trains_only_on_labelled_batches():
+    model = tiny_caco(3)
+    before = [w.numpy() for w in model.online_probe.weights]
+    model.fit(labelled_batches(2, labels=False), epochs=1, verbose=0)
+    for old, new in zip(before, model.online_probe.weights):
+        np.testing.assert_array_equal(old, new.numpy())
+
+
+def test_online_probe_learns_a_linearly_decodable_label():
+    # A fixed encoder (no step, no BatchNorm statistics to move): only the probe learns.
+    model = tiny_caco(3, learning_rate=0.0, batchnorm=False)
+    rng = np.random.default_rng(1)
+    images = rng.normal(size=(64, SIZE, SIZE, 1)).astype("float32")
+    features = model.backbone(images, training=False).numpy()
+    labels = np.argmax(features[:, :3] - features[:, :3].mean(0), axis=1)
+    dataset = tf.data.Dataset.from_tensor_slices(((images, images), labels)).batch(16)
+    model.fit(dataset.repeat(100), epochs=1, verbose=0)
+    result = model.evaluate(dataset, verbose=0, return_dict=True)  # test_step: no update
+    assert result["probe_top1"] > 0.9
+
+
+def test_pretraining_logs_the_knn_monitor(tmp_path):
+    import tensorflow_datasets as tfds
+
+    from caco_tf import pretrain
+    from caco_tf.config import load_config
+    from tiny_run import OVERRIDES
+
+    config = load_config(None, OVERRIDES + ["train.epochs=3", "evaluation.knn_monitor_every=2",
+                                            "evaluation.knn_monitor_k=4"])
+    with tfds.testing.mock_data(num_examples=48):
+        monitor = pretrain.knn_monitor(config, pretrain.build_views(config),
+                                       *pretrain.load_data(config))
+        assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
+        pretrain.run(config, str(tmp_path / "run"), verbose=0)
+    rows = json.load(open(tmp_path / "run" / "history.json"))
+    assert ["knn_top1" in row for row in rows] == [False, True, True]
+    assert all(0.0 <= row["knn_top1"] <= 100.0 for row in rows[1:])
+    config["evaluation"]["knn_monitor_every"] = 0
+    assert pretrain.knn_monitor(config, None, None, None) is None
+
+
+def test_monitor_and_probe_settings_are_checked(tmp_path):
+    import tensorflow_datasets as tfds
+
+    from caco_tf import pretrain
+    from caco_tf.config import ConfigError, load_config
+    from tiny_run import OVERRIDES
+
+    with pytest.raises(ConfigError, match="knn_monitor_every must be 0"):
+        load_config(None, ["evaluation.knn_monitor_every=-1"])
+    with pytest.raises(ConfigError, match="knn_monitor_k must be positive"):
+        load_config(None, ["evaluation.knn_monitor_k=0"])
+    config = load_config(None, OVERRIDES + ["evaluation.online_probe=true"])
+    with tfds.testing.mock_data(num_examples=48), pytest.raises(ConfigError,
+                                                                 match="online_probe"):
+        pretrain.run(config, str(tmp_path / "run"), verbose=0)

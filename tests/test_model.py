@@ -1,5 +1,5 @@
-"""The CaCo train/test steps: one step checked against the paper's update, warm-up, evaluate,
-and the same step under MirroredStrategy on two logical CPU devices."""
+"""The CaCo train/test steps: one step checked against the paper's update, warm-up, evaluate.
+(Multi-device equivalence is in test_distributed.py.)"""
 
 import keras
 import numpy as np
@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from caco_tf import backbones, bank as bank_lib, losses
+from caco_tf.layers import BatchNormalization
 from caco_tf.model import CaCo
 
 BATCH, BANK, SIZE = 8, 32, 12
@@ -17,7 +18,7 @@ def tiny_caco(warmup_steps=0, bank_learning_rate=0.5, key_momentum=0.9, sync=Fal
     backbone = keras.Sequential([
         keras.Input((SIZE, SIZE, 1)),
         keras.layers.Conv2D(4, 3, strides=2, use_bias=False),
-        keras.layers.BatchNormalization(synchronized=sync),
+        BatchNormalization(synchronized=sync),
         keras.layers.ReLU(),
         keras.layers.GlobalAveragePooling2D()], name="backbone")
     projector = backbones.build_projector(4, hidden_dim=16, output_dim=6, sync_batchnorm=sync)
@@ -106,27 +107,3 @@ def test_warmup_fills_the_bank_with_keys_then_resyncs():
     assert model._bank_ready
     np.testing.assert_allclose(model.key_encoder.trainable_variables[0].numpy(),
                                0.9 * query_before + 0.1 * query_after, rtol=1e-5, atol=1e-7)
-
-
-def test_mirrored_strategy_matches_one_device():
-    devices = tf.config.list_logical_devices("CPU")
-    if len(devices) < 2:
-        pytest.skip("needs two logical CPU devices (set up in conftest before TF starts)")
-    view1, view2 = views(batch=2 * BATCH)
-    dataset = one_batch_dataset(view1, view2).repeat(3)
-    single = tiny_caco(sync=True)
-    single_history = single.fit(dataset, epochs=1, verbose=0)
-
-    strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:2]])
-    with strategy.scope():
-        mirrored = tiny_caco(sync=True)  # synchronized BatchNorm: same statistics as one device
-    history = mirrored.fit(dataset, epochs=1, verbose=0)
-    # Every replica holds the same bank, and it equals the one-device bank after 3 steps.
-    copies = [v.numpy() for v in mirrored.bank.value.values]
-    np.testing.assert_array_equal(copies[0], copies[1])
-    np.testing.assert_allclose(copies[0], single.bank.numpy(), rtol=1e-4, atol=1e-5)
-    for a, b in zip(single.query_encoder.weights + single.key_encoder.weights,
-                    mirrored.query_encoder.weights + mirrored.key_encoder.weights):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-4, err_msg=a.path)
-    assert history.history["loss"][0] == pytest.approx(single_history.history["loss"][0],
-                                                       rel=1e-4)

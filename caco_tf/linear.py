@@ -1,0 +1,189 @@
+"""Linear evaluation, the paper's protocol: a frozen backbone and one Dense layer.
+
+The classifier is trained with Keras ``fit`` (SGD with momentum, cosine decay, 100 epochs by
+default) and reported with ``model.evaluate`` as top-1 and top-5.  Two paths:
+
+- no training augmentation (the default): the frozen features are computed once, in inference
+  mode, and the classifier trains on the cached features: the same as training it on top of
+  the frozen backbone, hundreds of times faster;
+- ``augment="imagenet"``, the ImageNet recipe: every epoch sees fresh RandomResizedCrop + flip
+  views through the frozen backbone (inference mode, so its BatchNorm statistics stay fixed).
+
+Test images (and training images without augmentation) are prepared as everywhere else
+(``caco_tf.data.eval_dataset``, the exported model's preprocessing): images at the model's
+size S are only normalized; others are resized so that their shorter side is round(S / 0.875)
+and centre-cropped to S (256 → 224 for ImageNet).  The splits are ``caco_tf.data`` sources
+(arrays, image folders, TFDS), so transfer to any classification data set works the same way.
+
+The head standardizes its input with a BatchNormalization without scale and offset before the
+Dense layer (as MAE's linear probe does): at test time that is a fixed affine map, so the
+classifier stays linear in the features, and one learning rate suits features of any scale.
+"""
+
+import math
+import warnings
+
+import keras
+import tensorflow as tf
+
+from caco_tf import data, evaluation, export
+
+AUGMENTATIONS = ("none", "imagenet")
+
+
+class Preprocessing:
+    """The backbone's input: S×S images with C channels, normalized as ``(x - mean) / std``."""
+
+    def __init__(self, image_size, channels, mean, std):
+        self.image_size, self.channels = int(image_size), int(channels)
+        self.mean, self.std = mean, std
+
+    def normalize(self, images):
+        """float images in [0, 1] → the backbone's input."""
+        return ((tf.cast(images, tf.float32) - tf.constant(self.mean, tf.float32))
+                / tf.constant(self.std, tf.float32))
+
+    def train(self, image, seed):
+        """ImageNet training transform of one uint8 image: RandomResizedCrop(S) + flip."""
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        image = data.to_unit_float(image)
+        image = random_resized_crop(image, crop_seed, self.image_size)
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+        return self.normalize(image)
+
+
+def random_resized_crop(image, seed, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """A crop of random area (``scale`` of the image) and aspect ``ratio``, resized to size².
+
+    TensorFlow's Inception/ImageNet sampler (the whole image when 10 draws do not fit).
+    """
+    begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image), bounding_boxes=tf.zeros([1, 0, 4]), seed=seed,
+        min_object_covered=0.0, aspect_ratio_range=ratio, area_range=scale, max_attempts=10,
+        use_image_if_no_bounding_boxes=True)
+    crop = tf.slice(image, begin, extent)
+    return tf.image.resize(crop, [size, size], method="bilinear")
+
+
+def linear_head(feature_dim, num_classes, batchnorm=True):
+    """Features [B, F] → logits [B, classes]: (parameter-free standardization →) one Dense."""
+    inputs = keras.Input((feature_dim,), name="features")
+    features = inputs
+    if batchnorm:
+        features = keras.layers.BatchNormalization(center=False, scale=False, momentum=0.9,
+                                                   name="standardize")(features)
+    # Zero init: the problem is convex, and a fixed start makes runs repeatable.
+    logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="linear")(features)
+    return keras.Model(inputs, logits, name="linear_head")
+
+
+def compile_classifier(model, total_steps, learning_rate=0.03, momentum=0.9, weight_decay=0.0):
+    """SGD with momentum, learning rate on a cosine to zero; top-1 and top-5 metrics."""
+    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, max(1, total_steps))
+    model.compile(
+        optimizer=keras.optimizers.SGD(schedule, momentum=momentum,
+                                       weight_decay=weight_decay or None),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="top1"),
+                 keras.metrics.SparseTopKCategoricalAccuracy(k=5, name="top5")])
+
+
+def linear_evaluation(backbone, train, test, num_classes, preprocessing, epochs=100,
+                      batch_size=256, learning_rate=0.03, momentum=0.9, weight_decay=0.0,
+                      augment="none", batchnorm=True, seed=0, verbose=0):
+    """Train one Dense layer on the frozen ``backbone``; top-1 and top-5 (%) on ``test``.
+
+    ``train``, ``test``: labelled ``caco_tf.data`` sources (or anything ``data.eval_dataset``
+    takes with labels).  Returns a dict with ``top1``, ``top5``, the image counts and the
+    settings used.
+    """
+    if augment not in AUGMENTATIONS:
+        raise ValueError(f"augment must be one of {', '.join(AUGMENTATIONS)}, got {augment!r}")
+    keras.utils.set_random_seed(seed)
+    head = linear_head(int(backbone.output_shape[-1]), num_classes, batchnorm)
+    if augment == "none":
+        train_data, test_data, train_count, test_count = _cached_features(
+            backbone, train, test, preprocessing, batch_size, seed)
+        classifier = head
+    else:
+        train_data, train_count = _augmented_images(train, preprocessing, batch_size, seed)
+        test_data, test_count = eval_batches(test, preprocessing, batch_size), len(test)
+        classifier = _frozen_classifier(backbone, head, preprocessing)
+    steps = epochs * math.ceil(train_count / batch_size)
+    trainable = backbone.trainable
+    backbone.trainable = False  # only the head's variables train (restored below)
+    try:
+        compile_classifier(classifier, steps, learning_rate, momentum, weight_decay)
+        classifier.fit(train_data, epochs=epochs, verbose=verbose)
+        with warnings.catch_warnings():
+            # Decoded sources drop bad files, so their length is unknown until the end; Keras
+            # warns when such a dataset ends, though evaluate wants exactly one pass.
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            scores = classifier.evaluate(test_data, verbose=0, return_dict=True)
+    finally:
+        backbone.trainable = trainable
+    return {"top1": 100.0 * float(scores["top1"]), "top5": 100.0 * float(scores["top5"]),
+            "loss": float(scores["loss"]), "train_images": int(train_count),
+            "test_images": int(test_count), "epochs": int(epochs), "batch_size": int(batch_size),
+            "learning_rate": float(learning_rate), "momentum": float(momentum),
+            "weight_decay": float(weight_decay), "augment": augment,
+            "standardize": bool(batchnorm),
+            "path": "cached features" if augment == "none" else "images"}
+
+
+def eval_batches(source, preprocessing, batch_size):
+    """(normalized images, labels) batches in order: the evaluation transform."""
+    return data.eval_dataset(source, batch_size, preprocessing.normalize,
+                             image_size=preprocessing.image_size,
+                             channels=preprocessing.channels)
+
+
+def decoded_examples(source, channels):
+    """(uint8 image [H, W, channels], label) per example, in order; bad files dropped."""
+    dataset = source.ordered()
+    if getattr(source, "encoded", False):
+        dataset = dataset.map(lambda item, label: (
+            export.decode_image(source.load(item), channels), label),
+            num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
+    return dataset
+
+
+def _augmented_images(source, preprocessing, batch_size, seed, shuffle_buffer=10_000):
+    """Fresh views every epoch: per-example seeds from a stream re-randomized each epoch."""
+    count = len(source)
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    dataset = decoded_examples(source, preprocessing.channels).shuffle(
+        min(count, shuffle_buffer), seed=seed, reshuffle_each_iteration=True)
+    dataset = tf.data.Dataset.zip(dataset, seeds).map(
+        lambda example, pair: (preprocessing.train(example[0], pair), example[1]),
+        num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE), count
+
+
+def _cached_features(backbone, train, test, preprocessing, batch_size, seed):
+    """The frozen features of both splits, computed once, as fit/evaluate datasets."""
+    train_features, train_labels = evaluation.extract_features(
+        backbone, eval_batches(train, preprocessing, batch_size), normalize=False)
+    test_features, test_labels = evaluation.extract_features(
+        backbone, eval_batches(test, preprocessing, batch_size), normalize=False)
+    train_data = (tf.data.Dataset.from_tensor_slices((train_features, train_labels))
+                  .shuffle(len(train_features), seed=seed, reshuffle_each_iteration=True)
+                  .batch(batch_size))
+    test_data = tf.data.Dataset.from_tensor_slices((test_features, test_labels)).batch(
+        batch_size)
+    return train_data, test_data, len(train_features), len(test_features)
+
+
+def _frozen_classifier(backbone, head, preprocessing):
+    """images → backbone (inference mode) → head, as one model for fit/evaluate."""
+    size, channels = preprocessing.image_size, preprocessing.channels
+    inputs = keras.Input((size, size, channels), name="images")
+    features = backbone(inputs, training=False)
+    return keras.Model(inputs, head(features), name="linear_classifier")
+
+
+def pixels_backbone(preprocessing):
+    """The identity on normalized pixels, flattened: the raw-pixel baseline's 'backbone'."""
+    size, channels = preprocessing.image_size, preprocessing.channels
+    return keras.Sequential([keras.Input((size, size, channels)), keras.layers.Flatten()],
+                            name="pixels")

@@ -1,0 +1,236 @@
+"""Import the authors' PyTorch CaCo checkpoints (``checkpoint_*.pth.tar``) into a CaCo model.
+
+The reference code (maple-research-lab/CaCo) saves ``{'epoch', 'arch', 'state_dict',
+'optimizer', 'Memory_Bank', ...}``.  ``state_dict`` is the DistributedDataParallel-wrapped
+model: ``module.encoder_q.*`` and ``module.encoder_k.*``, each a torchvision ResNet (conv1,
+bn1, layer1.0.conv1 … layer4.2.bn3, downsample.0/.1) whose ``fc`` is the projector
+``fc.0`` … ``fc.6`` (Linear, BatchNorm1d, ReLU, Linear, BatchNorm1d, ReLU, Linear, no biases).
+``Memory_Bank`` holds the bank ``W`` [D, K] and its SGD momentum ``v`` [D, K].
+
+Our layers carry the torch names with '.' → '_' (``caco_tf.backbones``), so the mapping is by
+name.  Layouts: conv kernels OIHW → HWIO, Linear weights [out, in] → Dense kernels [in, out],
+the bank [D, K] → [K, D]; BatchNorm weight/bias/running_mean/running_var are copied exactly
+(``num_batches_tracked`` has no keras counterpart and is ignored).  Every tensor is checked
+(missing, unexpected, wrong shape) before anything is assigned, so a failed import leaves the
+model untouched; problems are a :class:`CheckpointError` naming the key.
+
+torch is needed only to read the file (:func:`load_checkpoint`) and is imported there, so
+``caco_tf`` imports without it; the rest works on any mapping of arrays.
+"""
+
+import os
+import re
+
+import keras
+import numpy as np
+
+#: The authors' input normalization (torchvision ``Normalize``), in [0, 1] pixel units.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+#: torch's BatchNorm eps (the checkpoint does not store it; the reference uses the default).
+TORCH_BN_EPSILON = 1e-5
+#: Training-set sizes of the data sources the published checkpoints were trained on.
+TRAIN_SET_SIZES = {"tfds:imagenet2012": 1281167}
+
+_IGNORED_SUFFIXES = (".num_batches_tracked",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is not the PyTorch CaCo checkpoint the model expects."""
+
+
+def load_checkpoint(path, trust_pickle=False):
+    """Read a ``.pth.tar`` on the CPU; returns the checkpoint dict (torch tensors inside).
+
+    ``torch.load(weights_only=True)`` refuses pickled code; ``trust_pickle=True`` lifts that,
+    for files from a source you trust only.
+    """
+    try:
+        import torch  # the optional extra: pip install "caco-tf[torch]"
+    except ImportError:
+        raise CheckpointError('reading a PyTorch checkpoint needs torch: '
+                              'pip install "caco-tf[torch]"') from None
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except Exception as error:  # torch raises many types, with paragraphs of advice
+        raise CheckpointError(f"cannot read {path} as a PyTorch checkpoint: "
+                              f"{_load_failure(error)}") from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
+    return checkpoint
+
+
+def _load_failure(error):
+    """The one line of a ``torch.load`` failure that says what is wrong with the file."""
+    text = str(error).strip()
+    refused = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    if refused:  # weights_only refused the pickle: say what it met, not torch's whole advice
+        reason = refused.group(1).split(" was not an allowed global")[0].strip()
+        if reason.startswith("Unsupported operand"):
+            return f"not a torch.save file ({reason[0].lower() + reason[1:]})"
+        if "global" in reason.lower():
+            reason += " (if you trust the file: trust_pickle=True, --trust-pickle)"
+        return reason
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _to_numpy(value):
+    if hasattr(value, "detach"):  # a torch tensor; NumPy has no bfloat16, so widen floats
+        value = value.detach().cpu()
+        value = (value.float() if value.is_floating_point() else value).numpy()
+    return np.asarray(value)
+
+
+def _section(checkpoint, name):
+    """``checkpoint[name]`` with a DataParallel ``module.`` prefix removed; also the prefix."""
+    section = checkpoint.get(name)
+    if not isinstance(section, dict):
+        raise CheckpointError(f"the checkpoint has no {name!r} dict (its keys: "
+                              f"{', '.join(map(str, checkpoint))})")
+    prefix = "module." if section and all(k.startswith("module.") for k in section) else ""
+    return {key[len(prefix):]: value for key, value in section.items()}, prefix
+
+
+def checkpoint_sizes(checkpoint):
+    """The sizes the model must be built with: ``projector_hidden``, ``embedding_dim``,
+    ``bank_size`` (K), read from ``encoder_q.fc.0``, ``encoder_q.fc.6`` and ``Memory_Bank.W``."""
+    state, prefix = _section(checkpoint, "state_dict")
+    bank, _ = _section(checkpoint, "Memory_Bank")
+    shapes = {}
+    for where, source, key in (("state_dict", state, "encoder_q.fc.0.weight"),
+                               ("state_dict", state, "encoder_q.fc.6.weight"),
+                               ("Memory_Bank", bank, "W")):
+        if key not in source:
+            name = prefix + key if where == "state_dict" else f"Memory_Bank.{key}"
+            raise CheckpointError(f"the checkpoint lacks {name!r} (not a CaCo checkpoint "
+                                  "with a 3-layer projector?)")
+        shapes[key] = tuple(_to_numpy(source[key]).shape)
+        if len(shapes[key]) != 2:
+            raise CheckpointError(f"{key!r} has shape {shapes[key]}, expected a matrix")
+    return {"projector_hidden": shapes["encoder_q.fc.0.weight"][0],
+            "embedding_dim": shapes["encoder_q.fc.6.weight"][0],
+            "bank_size": shapes["W"][1]}
+
+
+# --------------------------------------------------------------------- layout conversions
+def _conv_kernel(weight):
+    """torch Conv2d weight [out, in, kh, kw] (OIHW) → keras Conv2D kernel [kh, kw, in, out]."""
+    return np.transpose(weight, (2, 3, 1, 0))
+
+
+def _transpose(weight):
+    """torch Linear weight [out, in] → Dense kernel [in, out]; the bank [D, K] → [K, D]."""
+    return np.transpose(weight)
+
+
+def _identity(value):
+    return value
+
+
+def _torch_shape(variable, convert):
+    """The torch shape whose conversion gives ``variable``'s shape."""
+    shape = tuple(variable.shape)
+    if convert is _conv_kernel:
+        return (shape[3], shape[2], shape[0], shape[1])
+    if convert is _transpose:
+        return shape[::-1]
+    return shape
+
+
+def _layer_targets(layer, torch_name):
+    """``{torch parameter name: (keras variable, conversion)}`` for one parameterized layer."""
+    if isinstance(layer, keras.layers.BatchNormalization):
+        if layer.epsilon != TORCH_BN_EPSILON:
+            raise CheckpointError(f"layer {layer.name}: BatchNorm epsilon {layer.epsilon} is "
+                                  f"not torch's {TORCH_BN_EPSILON}, the statistics would not "
+                                  "carry over")
+        if not (layer.scale and layer.center):
+            raise CheckpointError(f"layer {layer.name}: an affine-free BatchNorm has no torch "
+                                  "weight/bias to take")
+        return {f"{torch_name}.weight": (layer.gamma, _identity),
+                f"{torch_name}.bias": (layer.beta, _identity),
+                f"{torch_name}.running_mean": (layer.moving_mean, _identity),
+                f"{torch_name}.running_var": (layer.moving_variance, _identity)}
+    if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)):
+        convert = _conv_kernel if isinstance(layer, keras.layers.Conv2D) else _transpose
+        targets = {f"{torch_name}.weight": (layer.kernel, convert)}
+        if layer.use_bias:
+            targets[f"{torch_name}.bias"] = (layer.bias, _identity)
+        return targets
+    raise CheckpointError(f"layer {layer.name} ({type(layer).__name__}) has no torch mapping")
+
+
+def encoder_targets(encoder, prefix):
+    """Torch names → keras variables for one encoder (backbone → projector → L2 norm).
+
+    The backbone's layers are the torchvision module names with '.' → '_' (``layer1_0_conv1``
+    ← ``layer1.0.conv1``); the projector's ``fc_0`` … ``fc_6`` are the ResNet's ``fc``.
+    """
+    backbone, projector = [layer for layer in encoder.layers if isinstance(layer, keras.Model)]
+    targets = {}
+    for model, module in ((backbone, prefix), (projector, f"{prefix}.fc")):
+        for layer in model.layers:
+            if layer.weights:
+                torch_name = layer.name.replace("_", ".")
+                if model is projector:  # fc_0 → fc.0
+                    torch_name = torch_name[len("fc."):]
+                targets.update(_layer_targets(layer, f"{module}.{torch_name}"))
+    return targets
+
+
+def import_checkpoint(model, checkpoint):
+    """Copy a PyTorch CaCo checkpoint into ``model`` (a ``caco_tf.model.CaCo``).
+
+    Sets the query and key encoders (backbone, projector, BatchNorm statistics), the bank
+    (``Memory_Bank.W``ᵀ) and its momentum (``Memory_Bank.v``ᵀ).  The model must have been built
+    with :func:`checkpoint_sizes`.  Returns ``{'epoch', 'arch', 'tensors'}``.
+
+    Raises:
+      CheckpointError: naming the first missing, unexpected or wrongly shaped key, or an
+        ``arch`` other than the model's backbone.  Nothing is assigned then.
+    """
+    state, prefix = _section(checkpoint, "state_dict")
+    bank, bank_prefix = _section(checkpoint, "Memory_Bank")
+    arch = checkpoint.get("arch")
+    if arch is not None and arch != model.backbone.name:
+        raise CheckpointError(f"the checkpoint's 'arch' is {arch!r}, the model's backbone is "
+                              f"{model.backbone.name!r}")
+
+    sources = [(state, prefix, {**encoder_targets(model.query_encoder, "encoder_q"),
+                                **encoder_targets(model.key_encoder, "encoder_k")}),
+               (bank, "Memory_Bank." + bank_prefix, {"W": (model.bank, _transpose),
+                                                     "v": (model.bank_velocity, _transpose)})]
+    # Shapes first: a different architecture then shows as its first differing layer, not as
+    # the first layer it lacks.  Then missing and unexpected keys.  Assign only if all is well.
+    assignments = []
+    for tensors, shown_prefix, targets in sources:
+        for key, (variable, convert) in targets.items():
+            if key not in tensors:
+                continue
+            value = _to_numpy(tensors[key]).astype(np.float32)
+            expected = _torch_shape(variable, convert)
+            if value.shape != expected:
+                raise CheckpointError(
+                    f"{shown_prefix + key!r} has shape {value.shape}, the "
+                    f"{model.backbone.name} CaCo model expects {expected}")
+            assignments.append((variable, convert(value)))
+    for tensors, shown_prefix, targets in sources:
+        missing = [key for key in targets if key not in tensors]
+        if missing:
+            raise CheckpointError(f"the checkpoint lacks {shown_prefix + missing[0]!r}, which "
+                                  f"the {model.backbone.name} CaCo model needs "
+                                  f"({len(missing)} such keys)")
+        unexpected = [key for key in tensors
+                      if key not in targets and not key.endswith(_IGNORED_SUFFIXES)]
+        if unexpected:
+            raise CheckpointError(f"unexpected key {shown_prefix + unexpected[0]!r} in the "
+                                  f"checkpoint: no layer of the {model.backbone.name} CaCo model "
+                                  f"takes it ({len(unexpected)} such keys)")
+
+    for variable, value in assignments:
+        variable.assign(value)
+    epoch = checkpoint.get("epoch")
+    return {"epoch": None if epoch is None else int(epoch), "arch": arch,
+            "tensors": len(assignments)}

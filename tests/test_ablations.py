@@ -1,0 +1,269 @@
+"""The ablation rows and baselines (caco_tf.ablations): their losses and bank rules against NumPy,
+one fit step of each, the config switch, and two mirrored replicas against one device."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caco_tf import ablations, backbones, bank as bank_lib, losses, pretrain
+from caco_tf.config import ConfigError, load_config
+from caco_tf.layers import BatchNormalization
+from caco_tf.model import CaCo
+
+BATCH, BANK, SIZE, TAU, BANK_TAU, BANK_LR = 8, 32, 12, 0.1, 0.2, 0.5
+
+
+def tiny(method, warmup_steps=0, sync=False):
+    """test_model.tiny_caco's model, of the class ``caco.method`` names."""
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential([
+        keras.Input((SIZE, SIZE, 1)),
+        keras.layers.Conv2D(4, 3, strides=2, use_bias=False),
+        BatchNormalization(synchronized=sync),
+        keras.layers.ReLU(),
+        keras.layers.GlobalAveragePooling2D()], name="backbone")
+    projector = backbones.build_projector(4, hidden_dim=16, output_dim=6, sync_batchnorm=sync)
+    model = ablations.model_class(method)(
+        backbone, projector, bank_size=BANK, temperature=TAU, bank_temperature=BANK_TAU,
+        bank_learning_rate=BANK_LR, bank_momentum=0.9, key_momentum=0.9,
+        warmup_steps=warmup_steps)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+    return model
+
+
+def views(seed=0, batch=BATCH):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(batch, SIZE, SIZE, 1)).astype("float32"),
+            rng.normal(size=(batch, SIZE, SIZE, 1)).astype("float32"))
+
+
+def pre_step(model, view1, view2):
+    """Queries and keys as the first training step sees them (training-mode BatchNorm)."""
+    return [model.query_encoder(view1, training=True).numpy(),
+            model.query_encoder(view2, training=True).numpy(),
+            model.key_encoder(view1, training=True).numpy(),
+            model.key_encoder(view2, training=True).numpy()]
+
+
+# ---------------------------------------------------------------------- NumPy references
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def np_batch_infonce(queries, positives, candidates, tau, offset=0):
+    losses_ = []
+    for i, (z, positive) in enumerate(zip(queries, positives)):
+        logits = candidates @ z / tau
+        logits[offset + i] = z @ positive / tau
+        losses_.append(-_log_softmax(logits)[offset + i])
+    return np.array(losses_)
+
+
+def np_nt_xent(embeddings, tau, candidates=None, offset=0):
+    candidates = embeddings if candidates is None else candidates
+    count = len(embeddings)
+    result = []
+    for a, z in enumerate(embeddings):
+        logits = candidates @ z / tau
+        others = [m for m in range(len(candidates)) if m != offset + a]
+        partner = offset + (a + count // 2) % count
+        result.append(-(logits[partner] - np.log(np.exp(logits[others]).sum())))
+    return np.array(result)
+
+
+def np_moco(queries, keys, bank, tau):
+    logits = np.concatenate([np.sum(queries * keys, -1, keepdims=True),
+                             queries @ _unit(bank).T], axis=-1) / tau
+    return -_log_softmax(logits)[:, 0]
+
+
+def np_adco_gradient(queries, keys, bank, tau):
+    """AdCo's update: g_j = -(1/τ) mean_n p_nj (z_n - (z_n·b̂_j) b̂_j) / ‖b_j‖, p over [k; bank]."""
+    norms = np.linalg.norm(bank, axis=-1)
+    unit = bank / norms[:, None]
+    logits = np.concatenate([np.sum(queries * keys, -1, keepdims=True), queries @ unit.T], -1)
+    probs = np.exp(_log_softmax(logits / tau))[:, 1:]
+    gradient = np.zeros_like(bank)
+    for n, z in enumerate(queries):
+        for j in range(len(bank)):
+            gradient[j] -= probs[n, j] * (z - (z @ unit[j]) * unit[j]) / norms[j] / tau
+    return gradient / len(queries)
+
+
+@pytest.fixture
+def embeddings():
+    rng = np.random.default_rng(0)
+    return [_unit(rng.normal(size=shape)).astype("float32")
+            for shape in ((4, 5), (4, 5), (10, 5), (9, 5))]
+
+
+# ---------------------------------------------------------------------- pure functions
+def test_batch_infonce_matches_numpy(embeddings):
+    queries, positives, candidates, _ = embeddings
+    # In-batch ("None"): the own keys are the positives.
+    got = losses.batch_infonce_loss(queries, candidates[:4], candidates[:4], 0.1).numpy()
+    np.testing.assert_allclose(got, np_batch_infonce(queries, candidates[:4], candidates[:4],
+                                                     0.1), rtol=1e-5)
+    # A replica's rows 3..6 of a gathered batch, with other positives ("Positive").
+    got = losses.batch_infonce_loss(queries, positives, candidates, 0.2, offset=3).numpy()
+    np.testing.assert_allclose(got, np_batch_infonce(queries, positives, candidates, 0.2, 3),
+                               rtol=1e-5)
+
+
+def test_nt_xent_matches_numpy(embeddings):
+    _, _, candidates, _ = embeddings
+    local = candidates[2:6]  # [z¹; z²] of two images, rows 2..5 of the global batch
+    np.testing.assert_allclose(losses.nt_xent_loss(local, 0.1).numpy(),
+                               np_nt_xent(local, 0.1), rtol=1e-5)
+    np.testing.assert_allclose(losses.nt_xent_loss(local, 0.5, candidates, offset=2).numpy(),
+                               np_nt_xent(local, 0.5, candidates, 2), rtol=1e-5)
+
+
+def test_adversarial_negative_gradient_is_adcos_closed_form(embeddings):
+    queries, keys, _, bank = embeddings
+    bank = bank * np.random.default_rng(1).uniform(0.5, 2.0, size=(9, 1))  # raw rows
+    got = bank_lib.adversarial_negative_gradient(queries, keys, bank, 0.08).numpy()
+    np.testing.assert_allclose(got, np_adco_gradient(queries, keys, bank, 0.08), rtol=1e-4,
+                               atol=1e-6)
+    # The step ascends the loss, every row towards the queries' mean direction.
+    stepped = bank - 1e-3 * got
+    assert np_moco(queries, keys, stepped, 0.08).mean() > np_moco(queries, keys, bank, 0.08).mean()
+
+
+# ---------------------------------------------------------------------- one step of each
+@pytest.mark.parametrize("method", list(ablations.METHODS))
+def test_every_method_fits_and_evaluates(method):
+    model = tiny(method, warmup_steps=1)
+    batches = [views(seed) for seed in range(3)]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])))
+    history = model.fit(dataset, epochs=1, verbose=0).history
+    assert np.isfinite(history["loss"][0]) and history["loss"][0] > 0
+    assert int(model.optimizer.iterations.numpy()) == 3
+    result = model.evaluate(dataset.take(1), verbose=0, return_dict=True)
+    assert np.isfinite(result["loss"])
+    # Methods without a bank skip the warm-up pass; the others keep it.
+    assert model.warmup_steps == (0 if method in ("none", "simclr") else 1)
+    if method != "caco":
+        assert "mpp_prob" not in history and "lr" in history
+        assert ("bank_lr" in history) == (method == "negative")
+
+
+def test_none_is_in_batch_infonce_with_keys():
+    model = tiny("none", warmup_steps=3)
+    view1, view2 = views()
+    query1, query2, key1, key2 = pre_step(model, view1, view2)
+    bank0 = model.bank.numpy()
+    history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
+    expected = (np_batch_infonce(query1, key2, key2, TAU).mean()
+                + np_batch_infonce(query2, key1, key1, TAU).mean())
+    assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
+    np.testing.assert_array_equal(model.bank.numpy(), bank0)  # no warm-up, no bank
+
+
+def test_positive_takes_the_queues_nearest_neighbour_then_enqueues():
+    model = tiny("positive")
+    view1, view2 = views()
+    query1, query2, key1, key2 = pre_step(model, view1, view2)
+    queue = _unit(model.bank.numpy())
+    neighbour = lambda keys: queue[np.argmax(keys @ queue.T, axis=-1)]  # noqa: E731
+    history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
+    expected = (np_batch_infonce(query1, neighbour(key2), key2, TAU).mean()
+                + np_batch_infonce(query2, neighbour(key1), key1, TAU).mean())
+    assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
+    np.testing.assert_allclose(model.bank.numpy()[:BATCH], key1, rtol=1e-5, atol=1e-6)
+    assert int(model.bank_pointer.numpy()) == BATCH
+
+
+def test_moco_v2_only_enqueues_keys():
+    model = tiny("moco_v2")
+    bank0 = model.bank.numpy()
+    batches = [views(seed) for seed in range(2)]
+    keys, expected = [], []
+    for seed, (view1, view2) in enumerate(batches):
+        query1, query2, key1, key2 = pre_step(model, view1, view2)
+        bank = model.bank.numpy()
+        expected.append(np_moco(query1, key2, bank, TAU).mean()
+                        + np_moco(query2, key1, bank, TAU).mean())
+        history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
+        assert history.history["loss"][0] == pytest.approx(expected[-1], rel=1e-4)
+        keys.append(key1)
+    # Rows 0..15 are the two batches' view-1 keys, FIFO; the rest and the velocity untouched.
+    np.testing.assert_allclose(model.bank.numpy()[:2 * BATCH], np.concatenate(keys),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(model.bank.numpy()[2 * BATCH:], bank0[2 * BATCH:])
+    np.testing.assert_array_equal(model.bank_velocity.numpy(), 0.0)
+    assert int(model.bank_pointer.numpy()) == 2 * BATCH
+
+
+def test_negative_bank_takes_the_adco_ascent_step():
+    model = tiny("negative")
+    view1, view2 = views()
+    query1, query2, key1, key2 = pre_step(model, view1, view2)
+    bank0 = model.bank.numpy()
+    history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
+    gradient = (np_adco_gradient(query1, key2, bank0, BANK_TAU)
+                + np_adco_gradient(query2, key1, bank0, BANK_TAU))
+    # SGD momentum from zero velocity: b - η g; the encoder's loss is MoCo's against the bank.
+    np.testing.assert_allclose(model.bank_velocity.numpy(), gradient, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(model.bank.numpy(), bank0 - BANK_LR * gradient, rtol=1e-4,
+                               atol=1e-6)
+    expected = np_moco(query1, key2, bank0, TAU).mean() + np_moco(query2, key1, bank0, TAU).mean()
+    assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
+    assert history.history["bank_lr"][0] == pytest.approx(BANK_LR)
+
+
+def test_simclr_is_nt_xent_and_leaves_keys_and_bank_alone():
+    model = tiny("simclr", warmup_steps=2)
+    view1, view2 = views()
+    query1, query2, _, _ = pre_step(model, view1, view2)
+    bank0, key0 = model.bank.numpy(), model.key_encoder.trainable_variables[0].numpy()
+    history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
+    per_anchor = np_nt_xent(np.concatenate([query1, query2]), TAU)
+    expected = per_anchor[:BATCH].mean() + per_anchor[BATCH:].mean()
+    assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
+    np.testing.assert_array_equal(model.bank.numpy(), bank0)
+    np.testing.assert_array_equal(model.key_encoder.trainable_variables[0].numpy(), key0)
+    assert np.abs(model.query_encoder.trainable_variables[0].numpy() - key0).max() > 1e-6
+
+
+# ---------------------------------------------------------------------- configuration
+def test_config_picks_the_class():
+    overrides = ["model.projector_hidden=16", "model.embedding_dim=8", "caco.bank_size=64"]
+    for method, cls in ablations.METHODS.items():
+        config = load_config(None, overrides + [f"caco.method={method}"])
+        model = pretrain.build_model(config, steps_per_epoch=2)
+        assert type(model) is cls and isinstance(model, CaCo)
+    assert load_config(None)["caco"]["method"] == "caco"
+    with pytest.raises(ConfigError, match="caco.method must be one of caco, none"):
+        load_config(None, ["caco.method=byol"])
+    with pytest.raises(ConfigError, match="multicrop works with caco.method caco only"):
+        load_config(None, ["caco.method=simclr", "data.views=multicrop"])
+
+
+# ---------------------------------------------------------------------- two replicas
+@pytest.mark.parametrize("method", ["none", "positive", "simclr"])
+def test_two_replicas_equal_one_device(method):
+    """The global-batch gather and the replica offsets: two mirrored replicas step like one."""
+    from test_distributed import _assert_close, _two_cpus  # one strategy for the session
+
+    strategy = _two_cpus()
+    batches = [views(seed, batch=2 * BATCH) for seed in range(2)]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])))
+    single = tiny(method, sync=True)
+    single_loss = single.fit(dataset, epochs=1, verbose=0).history["loss"][0]
+    with strategy.scope():
+        mirrored = tiny(method, sync=True)
+    mirrored_loss = mirrored.fit(dataset, epochs=1, verbose=0).history["loss"][0]
+    assert mirrored_loss == pytest.approx(single_loss, rel=1e-5)
+    _assert_close(mirrored.bank.numpy(), single.bank.numpy(), "bank")
+    for a, b in zip(single.query_encoder.weights + single.key_encoder.weights,
+                    mirrored.query_encoder.weights + mirrored.key_encoder.weights):
+        _assert_close(b.numpy(), a.numpy(), a.path)

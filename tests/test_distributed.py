@@ -1,0 +1,190 @@
+"""Distribution: one device == two mirrored replicas, mixed precision, XLA, and a multi-worker
+run on two local processes that loses a worker and resumes."""
+
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caco_tf import distribute
+from caco_tf.config import ConfigError
+from test_model import BATCH, one_batch_dataset, tiny_caco, views
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.lru_cache(maxsize=None)
+def _mirrored():
+    """One MirroredStrategy for the whole module: a second strategy over the same devices in
+    one process restarts the collective instance keys and collides with the first's."""
+    return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")[:2]])
+
+
+def _two_cpus():
+    if len(tf.config.list_logical_devices("CPU")) < 2:
+        pytest.skip("needs two logical CPU devices (set up in conftest before TF starts)")
+    return _mirrored()
+
+
+def _assert_close(actual, expected, what):
+    """Equal to 1e-5 relative to the array's scale (elementwise rtol fails on near-zeros)."""
+    expected = np.asarray(expected)
+    scale = max(float(np.abs(expected).max()), 1e-12)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("steps", [1, 5])
+def test_two_replicas_equal_one_device(steps):
+    strategy = _two_cpus()
+    # Global batch 2·BATCH, split over the replicas; 2 warm-up steps fill the 32-row bank
+    # (the gather order matters) before the CaCo steps.
+    batches = [views(seed, batch=2 * BATCH) for seed in range(steps)]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])))
+    warmup = 2 if steps > 1 else 0
+
+    single = tiny_caco(sync=True, warmup_steps=warmup)
+    single_history = single.fit(dataset, epochs=1, verbose=0)
+    with strategy.scope():
+        mirrored = tiny_caco(sync=True, warmup_steps=warmup)
+    mirrored_history = mirrored.fit(dataset, epochs=1, verbose=0)
+
+    assert mirrored.distribute_strategy.num_replicas_in_sync == 2
+    copies = [v.numpy() for v in mirrored.bank.value.values]
+    np.testing.assert_array_equal(copies[0], copies[1])  # every replica holds the same bank
+    _assert_close(copies[0], single.bank.numpy(), "bank")
+    _assert_close(mirrored.bank_velocity.numpy(), single.bank_velocity.numpy(), "bank velocity")
+    for a, b in zip(single.query_encoder.weights + single.key_encoder.weights,
+                    mirrored.query_encoder.weights + mirrored.key_encoder.weights):
+        _assert_close(b.numpy(), a.numpy(), a.path)
+    for name in ("loss", "contrast_top1", "mpp_prob"):
+        assert mirrored_history.history[name][0] == pytest.approx(
+            single_history.history[name][0], rel=1e-5), name
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_keeps_the_bank_and_loss_in_float32(policy):
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = tiny_caco()
+        history = model.fit(one_batch_dataset(*views()).repeat(3), epochs=1, verbose=0)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert model.query_encoder.layers[1].compute_dtype in ("float16", "bfloat16")
+    assert model.bank.dtype == "float32" and model.bank_velocity.dtype == "float32"
+    assert model.query_encoder.output.dtype == "float32"  # embeddings → logits → softmax → loss
+    assert np.isfinite(history.history["loss"]).all()
+    assert np.abs(model.bank_velocity.numpy()).max() > 0  # the bank did take its step
+    if policy == "mixed_float16":  # float16 gradients underflow without loss scaling
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+
+
+def test_xla_train_step_matches_the_plain_step():
+    dataset = one_batch_dataset(*views()).repeat(2)
+    plain = tiny_caco()
+    plain.fit(dataset, epochs=1, verbose=0)
+    compiled = tiny_caco()
+    compiled.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), jit_compile=True)
+    compiled.fit(dataset, epochs=1, verbose=0)
+    np.testing.assert_allclose(compiled.bank.numpy(), plain.bank.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_make_strategy_names(monkeypatch):
+    assert distribute.make_strategy("default") is tf.distribute.get_strategy()
+    built = []
+    monkeypatch.setattr(tf.distribute, "MirroredStrategy", lambda devices: built.append(devices))
+    distribute.make_strategy("mirrored")  # no GPU here: every logical CPU device
+    assert built == [[d.name for d in tf.config.list_logical_devices("CPU")]]
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="TF_CONFIG"):
+        distribute.make_strategy("multiworker")
+    assert distribute.is_chief(_mirrored()) and not distribute.is_multi_worker(_mirrored())
+
+
+# ---------------------------------------------------------------------- two worker processes
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _launch(index, ports, run_dir, log_dir, attempt):
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               TF_CONFIG=json.dumps({"cluster": cluster,
+                                     "task": {"type": "worker", "index": index}}))
+    log = open(os.path.join(log_dir, f"worker{index}-{attempt}.log"), "w")
+    command = [sys.executable, os.path.join(REPO, "train.py"), "--strategy", "multiworker",
+               "--set", "train.epochs=2", "--set", "caco.warmup_epochs=1",
+               "--set", "train.batch_size=512", "--set", "caco.bank_size=1024",
+               "--run-dir", run_dir, "--quiet"]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _epochs_logged(run_dir):
+    try:
+        with open(os.path.join(run_dir, "history.json")) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return []
+
+
+def _wait(process, timeout):
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return process.wait()
+
+
+def test_multiworker_run_survives_a_lost_worker(tmp_path):
+    """Two local workers train 2 epochs of the offline default; worker 1 is killed in epoch 2;
+    both are relaunched with the same commands and the run finishes from the epoch-1 backup."""
+    run_dir, logs = str(tmp_path / "run"), str(tmp_path)
+    ports = _free_ports(2)
+    workers = [_launch(i, ports, run_dir, logs, attempt=1) for i in range(2)]
+    deadline = time.time() + 240
+    while not _epochs_logged(run_dir) and time.time() < deadline:
+        assert all(w.poll() is None for w in workers), open(f"{logs}/worker0-1.log").read()[-3000:]
+        time.sleep(0.5)
+    first = _epochs_logged(run_dir)
+    assert [row["epoch"] for row in first] == [1], "epoch 1 never finished"
+    os.killpg(workers[1].pid, signal.SIGKILL)  # lose a worker in the middle of epoch 2
+    _wait(workers[1], 10)
+    _wait(workers[0], 90)  # the chief notices (or is stopped, as a scheduler would)
+    assert _epochs_logged(run_dir) == first, "epoch 2 cannot have finished without worker 1"
+
+    workers = [_launch(i, ports, run_dir, logs, attempt=2) for i in range(2)]
+    codes = [_wait(w, 240) for w in workers]
+    assert codes == [0, 0], open(f"{logs}/worker0-2.log").read()[-3000:]
+
+    history = _epochs_logged(run_dir)
+    assert [row["epoch"] for row in history] == [1, 2]
+    assert history[0] == first[0]  # epoch 1 was restored, not redone
+    with open(os.path.join(run_dir, "backup", "training_metadata.json")) as handle:
+        assert json.load(handle)["epoch"] == 2
+    with open(os.path.join(run_dir, "results.json")) as handle:
+        results = json.load(handle)
+    assert results["replicas"] == 2 and results["knn_top1"] > 50.0
+    # Only the chief wrote, and only into the run folder's known places.
+    assert sorted(os.listdir(run_dir)) == ["backup", "checkpoints", "config.yaml",
+                                           "history.json", "results.json", "saved_model",
+                                           "tensorboard"]
+    assert os.path.isdir(os.path.join(run_dir, "saved_model", "backbone", "1"))
+    with open(os.path.join(logs, "worker1-2.log")) as handle:
+        assert "run folder:" not in handle.read()  # the chief alone reports

@@ -1,0 +1,119 @@
+"""python -m caco_tf.evaluate: kNN and linear on a run's own data, TFDS transfer, raw pixels,
+the printed table and JSON, and one-line errors.  TFDS data is tfds.testing.mock_data."""
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from caco_tf import evaluate, pretrain
+from tiny_run import make_run
+
+EXAMPLES = 48  # per mocked split
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("run"))[0]
+
+
+def cli(capsys, *args):
+    with tfds.testing.mock_data(num_examples=EXAMPLES):
+        status = evaluate.main(list(args))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
+    status, out, _ = cli(capsys, "knn", "--run", run_dir)
+    assert status == 0
+    result = json.load(open(os.path.join(run_dir, "eval_knn.json")))
+    assert result["data"] == "tfds:mnist"  # the run's config.yaml source
+    assert (result["train_images"], result["test_images"]) == (EXAMPLES, EXAMPLES)
+    assert (result["k"], result["temperature"]) == (3, 0.07)  # the run's evaluation settings
+    # The same number as train.py's end-of-run kNN (pretrain.knn_top1) on the same model.
+    run = evaluate.load_run(run_dir)
+    with tfds.testing.mock_data(num_examples=EXAMPLES):
+        train, held_out = pretrain.load_data(run.config)
+        expected = pretrain.knn_top1(run.model.backbone, run.views, run.config, train, held_out)
+    assert result["top1"] == pytest.approx(expected)
+    assert result["top5"] >= result["top1"]
+    assert out.strip().endswith(f"kNN top-1: {expected:.1f}%")
+    assert "| knn (k=3, T=0.07) |" in out
+
+
+def test_linear_prints_table_and_final_line_and_writes_json(run_dir, capsys):
+    status, out, _ = cli(capsys, "linear", "--run", run_dir, "--epochs", "3")
+    assert status == 0
+    result = json.load(open(os.path.join(run_dir, "eval_linear.json")))
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("| protocol | encoder | data |")
+    assert re.fullmatch(r"linear top-1: \d+\.\d%", lines[-1])
+    assert lines[-1] == f"linear top-1: {result['top1']:.1f}%"
+    assert result["path"] == "cached features" and result["epochs"] == 3
+    assert result["classes"] == 10 and result["train_images"] == EXAMPLES
+    assert 0.0 <= result["top1"] <= result["top5"] <= 100.0
+
+
+def test_transfer_to_a_tfds_dataset_by_name(run_dir, capsys, tmp_path):
+    # CIFAR-10 is 32×32 RGB; the run's backbone takes 28×28 grayscale: converted on the way.
+    out_json = tmp_path / "cifar.json"
+    status, out, err = cli(capsys, "linear", "--run", run_dir, "--data", "tfds:cifar10",
+                           "--epochs", "2", "--json", str(out_json))
+    assert status == 0, err
+    result = json.load(open(out_json))
+    assert result["data"] == "tfds:cifar10" and result["classes"] == 10
+    assert result["test_images"] == EXAMPLES
+    assert out.strip().splitlines()[-1].startswith("linear top-1: ")
+
+
+def test_default_json_name_names_the_data():
+    assert evaluate.default_json_path("R", "linear", "tfds:cifar10", False) == os.path.join(
+        "R", "eval_linear_tfds_cifar10.json")
+    assert evaluate.default_json_path("R", "knn", None, True) == os.path.join(
+        "R", "eval_knn_pixels.json")
+    assert evaluate.default_json_path(None, "knn", None, True) is None
+
+
+def test_raw_pixel_baseline_needs_no_run(capsys, tmp_path):
+    out_json = tmp_path / "pixels.json"
+    status, out, err = cli(capsys, "knn", "--pixels", "--data", "tfds:mnist", "--k", "1",
+                           "--json", str(out_json))
+    assert status == 0, err
+    result = json.load(open(out_json))
+    assert result["encoder"] == "raw pixels"
+    # 1-NN on raw pixels, recomputed in NumPy from the same mocked images.
+    with tfds.testing.mock_data(num_examples=EXAMPLES):
+        splits = [list(tfds.as_numpy(tfds.load("mnist", split=s, as_supervised=True)))
+                  for s in ("train", "test")]
+    (train_x, train_y), (test_x, test_y) = [
+        (np.stack([x for x, _ in split]).reshape(len(split), -1) / 255.0,
+         np.array([y for _, y in split])) for split in splits]
+    unit = lambda v: v / np.linalg.norm(v, axis=1, keepdims=True)  # noqa: E731
+    nearest = np.argmax(unit(test_x) @ unit(train_x).T, axis=1)
+    assert result["top1"] == pytest.approx(100.0 * np.mean(train_y[nearest] == test_y))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["linear"], "error: --run RUN_DIR is required"),
+    (["knn", "--run", "/no/such/run"], "error: no config.yaml in /no/such/run"),
+    (["linear", "--pixels", "--epochs", "0"], "error: --epochs must be positive"),
+    (["knn", "--pixels", "--data", "tfds:no_such_dataset_xyz"], "error: unknown TFDS data set"),
+    (["knn", "--pixels", "--data", "bogus"], "error: unknown data source 'bogus'"),
+])
+def test_bad_input_is_a_one_line_error(args, message, capsys):
+    status, out, err = cli(capsys, *args)
+    assert status == 2
+    assert err.startswith(message), err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_data_without_held_out_split_is_an_error(capsys, tmp_path):
+    path = tmp_path / "digits.npz"
+    np.savez(path, images=np.zeros((8, 28, 28), np.uint8), labels=np.arange(8))
+    status, _, err = cli(capsys, "knn", "--pixels", "--data", f"npz:{path}")
+    assert status == 2
+    assert "has no labelled training and held-out splits" in err

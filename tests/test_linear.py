@@ -1,0 +1,142 @@
+"""The linear protocol: frozen backbone, one Dense layer, top-1/top-5; the ImageNet recipe's
+transforms at tiny sizes (RandomResizedCrop + flip; resize to S/0.875 and centre crop S)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caco_tf import data, linear
+from caco_tf.layers import BatchNormalization
+
+
+def coordinate_image(height, width):
+    """[H, W, 2] float: channel 0 the row index, channel 1 the column index."""
+    rows, columns = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    return tf.constant(np.stack([rows, columns], -1), tf.float32)
+
+
+def test_random_resized_crop_respects_scale_and_ratio():
+    image = coordinate_image(60, 80)
+    crops = []
+    for seed in range(30):
+        crop = linear.random_resized_crop(image, tf.constant([seed, 1]), 12).numpy()
+        assert crop.shape == (12, 12, 2)
+        # The crop's extent in the source image, from its corner coordinates.
+        height = crop[-1, 0, 0] - crop[0, 0, 0] + 1
+        width = crop[0, -1, 1] - crop[0, 0, 1] + 1
+        area = height * width / (60 * 80)
+        assert 0.08 * 0.8 <= area <= 1.0 + 1e-6
+        if area < 0.99:  # a sampled crop (the fallback is the whole image)
+            assert 0.75 * 0.8 <= width / height <= 4 / 3 * 1.25
+        crops.append(crop)
+    again = linear.random_resized_crop(image, tf.constant([0, 1]), 12).numpy()
+    np.testing.assert_array_equal(again, crops[0])  # stateless: the seed decides
+    assert len({c.tobytes() for c in crops}) > 20  # and different seeds differ
+
+
+def test_train_transform_flips_some_images_and_normalizes():
+    preprocessing = linear.Preprocessing(8, 1, 0.5, 0.25)
+    image = tf.constant(np.tile(np.arange(8, dtype=np.uint8)[None, :, None] * 30, (8, 1, 1)))
+    flipped = 0
+    for seed in range(20):
+        view = preprocessing.train(image, tf.constant([seed, 0], tf.int64)).numpy()
+        assert view.shape == (8, 8, 1)
+        assert view.min() >= (0 - 0.5) / 0.25 - 1e-6 and view.max() <= (1 - 0.5) / 0.25 + 1e-6
+        flipped += view[4, 0, 0] > view[4, -1, 0]  # the ramp increases left to right
+    assert 0 < flipped < 20
+
+
+def test_test_transform_resizes_the_shorter_side_then_centre_crops():
+    # The ImageNet test transform (256 → 224) at a tiny size: S = 7, shorter side → 8.
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(3, 16, 12, 1), dtype=np.uint8)
+    source = data.ArraySource(images, np.arange(3))
+    preprocessing = linear.Preprocessing(7, 1, 0.0, 1.0)
+    got, labels = next(iter(linear.eval_batches(source, preprocessing, 8)))
+    resized = tf.image.resize(images.astype(np.float32) / 255.0, [10, 8], method="bilinear",
+                              antialias=True).numpy()  # 16×12 → 10×8 (shorter side 8)
+    np.testing.assert_allclose(got.numpy(), resized[:, 1:8, 0:7, :], atol=1e-6)
+    np.testing.assert_array_equal(labels.numpy(), [0, 1, 2])
+
+
+def blob_images(count, classes, size=6, seed=0):
+    """uint8 [N, size, size, 1]: a bright pixel at the class's position, plus noise."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, size=count)
+    images = rng.integers(0, 60, size=(count, size, size, 1))
+    images[np.arange(count), labels // size, labels % size, 0] = 255
+    return images.astype(np.uint8), labels
+
+
+def test_linear_protocol_separates_separable_classes():
+    train = data.ArraySource(*blob_images(120, 8, seed=0))
+    test = data.ArraySource(*blob_images(60, 8, seed=1))
+    preprocessing = linear.Preprocessing(6, 1, 0.0, 1.0)
+    result = linear.linear_evaluation(linear.pixels_backbone(preprocessing), train, test, 8,
+                                      preprocessing, epochs=30, batch_size=32,
+                                      learning_rate=0.1)
+    assert result["top1"] == 100.0 and result["top5"] == 100.0
+    assert (result["train_images"], result["test_images"]) == (120, 60)
+    assert result["path"] == "cached features"
+
+
+def test_labels_carrying_no_signal_stay_near_chance_on_held_out_data():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(200, 6, 6, 1), dtype=np.uint8)
+    train = data.ArraySource(images[:150], rng.integers(0, 10, 150))
+    test = data.ArraySource(images[150:], rng.integers(0, 10, 50))
+    preprocessing = linear.Preprocessing(6, 1, 0.0, 1.0)
+    result = linear.linear_evaluation(linear.pixels_backbone(preprocessing), train, test, 10,
+                                      preprocessing, epochs=20, batch_size=50)
+    assert result["top1"] < 40.0
+    assert result["top1"] <= result["top5"]
+
+
+def tiny_backbone(channels=1):
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input((8, 8, channels)),
+        keras.layers.Conv2D(4, 3, use_bias=False),
+        BatchNormalization(),
+        keras.layers.ReLU(),
+        keras.layers.GlobalAveragePooling2D()], name="backbone")
+
+
+@pytest.mark.parametrize("augment", ["none", "imagenet"])
+def test_backbone_stays_frozen(augment):
+    backbone = tiny_backbone()
+    backbone.layers[1].moving_mean.assign(np.full(4, 0.3, np.float32))  # non-default stats
+    before = [w.numpy().copy() for w in backbone.weights]
+    rng = np.random.default_rng(0)
+    # 12×10 RGB images for an 8×8 grayscale backbone: converted, cropped and resized.
+    images = rng.integers(0, 256, size=(40, 12, 10, 3), dtype=np.uint8)
+    source = data.ArraySource(data.convert_array_channels(images, 1), rng.integers(0, 3, 40))
+    preprocessing = linear.Preprocessing(8, 1, 0.5, 0.25)
+    result = linear.linear_evaluation(backbone, source, source, 3, preprocessing, epochs=2,
+                                      batch_size=16, augment=augment)
+    for old, new in zip(before, backbone.weights):
+        np.testing.assert_array_equal(old, new.numpy())
+    assert backbone.trainable  # restored
+    assert np.isfinite(result["loss"]) and result["augment"] == augment
+    assert result["path"] == ("cached features" if augment == "none" else "images")
+
+
+def test_head_trains_only_one_dense_layer():
+    head = linear.linear_head(5, 3)
+    assert [w.shape for w in head.trainable_weights] == [(5, 3), (3,)]
+    # At inference the head is affine in the features: f(a) + f(b) - f(0) = f(a + b).
+    a, b = np.random.default_rng(0).normal(size=(2, 4, 5)).astype(np.float32)
+    head.layers[-1].kernel.assign(np.arange(15, dtype=np.float32).reshape(5, 3) / 10)
+    f = lambda x: head(x, training=False).numpy()  # noqa: E731
+    np.testing.assert_allclose(f(a) + f(b) - f(np.zeros_like(a)), f(a + b), atol=1e-4)
+
+
+def test_raw_pixels_on_real_digits_learn():
+    split = data.load_offline_mnist()
+    train = data.ArraySource(*(part[:1000] for part in split["train"]))
+    test = data.ArraySource(*(part[:500] for part in split["test"]))
+    preprocessing = linear.Preprocessing(28, 1, 0.0, 1.0)
+    result = linear.linear_evaluation(linear.pixels_backbone(preprocessing), train, test, 10,
+                                      preprocessing, epochs=20)
+    assert result["top1"] > 80.0 and result["top5"] > 95.0

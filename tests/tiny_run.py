@@ -1,0 +1,33 @@
+"""A tiny run folder for the evaluation CLI and figure tests (no training: initial weights).
+
+Its data source is ``tfds:mnist``, which tests serve with ``tfds.testing.mock_data`` (random
+28×28 digits and labels, ``train`` and ``test`` splits, nothing downloaded).
+"""
+
+import json
+import os
+
+import keras
+import yaml
+
+from caco_tf import pretrain
+from caco_tf.config import load_config
+
+OVERRIDES = ["data.source=tfds:mnist", "model.projector_hidden=32", "model.embedding_dim=16",
+             "caco.bank_size=32", "caco.warmup_epochs=1", "train.epochs=4",
+             "train.batch_size=16", "evaluation.batch_size=32", "evaluation.knn_k=3"]
+
+
+def make_run(directory, history=None):
+    """config.yaml, checkpoints/last.weights.h5 and (optionally) history.json in ``directory``."""
+    keras.utils.set_random_seed(0)
+    config = load_config(None, OVERRIDES)
+    os.makedirs(os.path.join(directory, "checkpoints"), exist_ok=True)
+    with open(os.path.join(directory, "config.yaml"), "w") as handle:
+        yaml.safe_dump(config, handle, sort_keys=False)
+    model = pretrain.build_model(config, steps_per_epoch=1)
+    model.save_weights(os.path.join(directory, "checkpoints", "last.weights.h5"))
+    if history is not None:
+        with open(os.path.join(directory, "history.json"), "w") as handle:
+            json.dump(history, handle)
+    return str(directory), model
