@@ -85,7 +85,7 @@ DEFAULTS = {
         "knn_monitor_temperature": 0.07,
         # A Dense head on stop-gradient backbone features, trained beside the encoder on
         # labelled batches (probe_top1; CaCo(online_probe_classes)); it never changes the
-        # encoder.  Refused for now: data.pretrain_dataset does not yield labels yet.
+        # encoder.  Needs a labelled training source (its labels reach the probe only).
         "online_probe": False,
     },
 }

@@ -131,9 +131,12 @@ class ArraySource:
     def has_labels(self):
         return self.labels is not None
 
-    def stream(self, seed, shards=(1, 0)):
-        """Endless images, reshuffled every pass; ``shards`` = (count, index)."""
-        dataset = tf.data.Dataset.from_tensor_slices(self.images)
+    def stream(self, seed, shards=(1, 0), labels=False):
+        """Endless images, reshuffled every pass; ``shards`` = (count, index).
+
+        ``labels``: (image, label) elements instead, in the same order (``_labelled``)."""
+        dataset = tf.data.Dataset.from_tensor_slices(
+            (self.images, _labelled(self)) if labels else self.images)
         if shards[0] > 1:
             dataset = dataset.shard(*shards)
         size = -(-len(self) // shards[0])
@@ -160,13 +163,18 @@ class FileSource:
     def has_labels(self):
         return self.labels is not None
 
-    def stream(self, seed, shards=(1, 0)):
-        """Endless (contents, name), reshuffled every pass (the paths are; files read later)."""
-        dataset = tf.data.Dataset.from_tensor_slices(self.paths)
+    def stream(self, seed, shards=(1, 0), labels=False):
+        """Endless (contents, name), reshuffled every pass (the paths are; files read later).
+
+        ``labels``: ((contents, name), label) elements instead, in the same order."""
+        dataset = tf.data.Dataset.from_tensor_slices(
+            (self.paths, _labelled(self)) if labels else self.paths)
         if shards[0] > 1:
             dataset = dataset.shard(*shards)
         size = -(-len(self) // shards[0])
         dataset = dataset.shuffle(size, seed=seed, reshuffle_each_iteration=True).repeat()
+        if labels:
+            return dataset.map(lambda path, label: ((path, path), label))
         return dataset.map(lambda path: (path, path))
 
     def ordered(self):
@@ -204,16 +212,23 @@ class TFDSSource:
             split=split, shuffle_files=shuffle_seed is not None, read_config=read_config,
             decoders={self.image_key: tfds.decode.SkipDecoding()})
 
-    def stream(self, seed, shards=(1, 0)):
+    def stream(self, seed, shards=(1, 0), labels=False):
+        """Endless (encoded image, name); ``labels``: ((encoded image, name), label)."""
         import tensorflow_datasets as tfds
 
+        if labels:
+            _labelled(self)
         split = self.split if shards[0] == 1 else tfds.even_splits(self.split, shards[0])[
             shards[1]]
         dataset = self._read(split, shuffle_seed=seed)
         name_key = "file_name" if "file_name" in self.builder.info.features else None
-        dataset = dataset.map(lambda example: (
-            example[self.image_key],
-            example[name_key] if name_key else tf.constant(f"{self.name} record")))
+
+        def element(example):
+            pair = (example[self.image_key],
+                    example[name_key] if name_key else tf.constant(f"{self.name} record"))
+            return (pair, tf.cast(example[self.label_key], tf.int64)) if labels else pair
+
+        dataset = dataset.map(element)
         buffer = min(TFDS_SHUFFLE_BUFFER, len(self))
         return dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
 
@@ -456,6 +471,40 @@ def _count_gaps(dataset, skipped):
     return dataset.scan(tf.constant(-1, tf.int64), step)
 
 
+# ---------------------------------------------------------------------------- labels
+def _labelled(source):
+    """The source's labels as int64 class indices (None for TFDS: its records carry them).
+
+    Labels only ever reach evaluation (the online probe), never the encoder.  A source
+    without labels, or with labels that are not class indices, is a ``DataError``."""
+    if not source.has_labels:
+        raise DataError(f"{source.name} has no labels (labelled sources: mnist, an .npz with "
+                        f"'labels', a folder of class sub-folders, a TFDS classification set)")
+    if isinstance(source, TFDSSource):
+        return None
+    labels = np.asarray(source.labels)
+    if labels.shape != (len(source),):
+        raise DataError(f"{source.name}: expected one label per image ({len(source)}), got "
+                        f"labels of shape {labels.shape}")
+    if labels.size and (not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0):
+        if not (np.issubdtype(labels.dtype, np.floating) and np.all(labels == np.round(labels))
+                and labels.min() >= 0):
+            raise DataError(f"{source.name}: labels must be class indices 0, 1, 2, ... "
+                            f"(got {labels.dtype} from {labels.min()} to {labels.max()})")
+    return labels.astype(np.int64)
+
+
+def num_classes(source):
+    """The class count of a labelled source's labels: TFDS metadata, its class folders, else
+    the largest label + 1."""
+    labels = _labelled(source)
+    if isinstance(source, TFDSSource):
+        return int(source.builder.info.features[source.label_key].num_classes)
+    if getattr(source, "class_names", ()):
+        return len(source.class_names)
+    return int(labels.max()) + 1 if labels.size else 0
+
+
 # ---------------------------------------------------------------------------- pipelines
 def _first(first, second):
     return first
@@ -478,7 +527,7 @@ def _shards(input_context):
 
 
 def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skipped=None,
-                     image_size=None, channels=None):
+                     image_size=None, channels=None, with_labels=False):
     """An endless stream of view batches; one pass over the images per epoch.
 
     ``images``: a uint8 array [N, H, W, C] or a source (``load_source``).  ``views``: per-image
@@ -490,8 +539,15 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
 
     ``input_context`` (from ``distribute``): read this pipeline's shard and yield per-replica
     batches of ``batch_size`` divided among the replicas.  ``skipped`` counts bad files.
+
+    ``with_labels``: ``((view1, view2, ...), labels)`` batches, for the online probe only
+    (``CaCo(online_probe_classes)``); the views are exactly those of ``with_labels=False``
+    (same images, order, seeds and skipped files).  The source must be labelled
+    (``DataError`` otherwise).
     """
     source = _as_source(images)
+    if with_labels:
+        _labelled(source)  # a clear error now rather than inside the pipeline
     shards = _shards(input_context)
     batch = (input_context.get_per_replica_batch_size(batch_size) if input_context is not None
              else batch_size)
@@ -500,8 +556,16 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
         raise DataError(f"batch size {batch} is larger than the data set ({available} images"
                         f"{' in this shard' if shards[0] > 1 else ''})")
     per_image = isinstance(views, augment.ImageViews)
-    stream = source.stream(seed, shards)
+    stream = source.stream(seed, shards, labels=True) if with_labels else source.stream(
+        seed, shards)
     seed_tensor = tf.constant(seed, tf.int64)
+
+    def carrying(function):
+        """``function`` of (number, item) applied to (number, (item, label)) elements when the
+        labels travel along: the label passes through untouched."""
+        if not with_labels:
+            return function
+        return lambda number, element: (function(number, element[0]), element[1])
 
     def number_seed(number):  # (seed, number), distinct for each input pipeline
         pair = tf.stack([seed_tensor, number])
@@ -511,8 +575,8 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
     if not per_image and not source.encoded:
         # Batch views of arrays: the path the offline default has always taken.
         dataset = stream.batch(batch, drop_remainder=True).enumerate()
-        dataset = dataset.map(lambda number, images: views(to_unit_float(images),
-                                                           number_seed(number)),
+        dataset = dataset.map(carrying(lambda number, images: views(to_unit_float(images),
+                                                                    number_seed(number))),
                               num_parallel_calls=tf.data.AUTOTUNE)
         return dataset.prefetch(tf.data.AUTOTUNE)
 
@@ -532,18 +596,20 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
 
     if source.encoded:
         def prepare_encoded(number, element):
-            image, ok = decode(*element)
-            return number, (tf.cond(ok, lambda: prepare(number, image), lambda: empty), ok)
+            item, label = element if with_labels else (element, None)
+            image, ok = decode(*item)
+            prepared = tf.cond(ok, lambda: prepare(number, image), lambda: empty)
+            return number, ((prepared, label) if with_labels else prepared, ok)
 
         dataset = stream.enumerate().map(prepare_encoded, num_parallel_calls=tf.data.AUTOTUNE)
         dataset = _count_gaps(dataset.ignore_errors(), skipped)
         dataset = dataset.filter(_second).map(_first)
     else:
-        dataset = stream.enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = stream.enumerate().map(carrying(prepare), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.batch(batch, drop_remainder=True)
     if not per_image:
         dataset = dataset.enumerate().map(
-            lambda number, images: views(images, number_seed(number)),
+            carrying(lambda number, images: views(images, number_seed(number))),
             num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE)
 

@@ -20,7 +20,9 @@ from caco_tf.config import ConfigError
 
 
 def load_data(config):
-    """The training source (unlabelled for pre-training) and the held-out source, if any."""
+    """The training source and the held-out source, if any.
+
+    The encoder never sees labels; they serve evaluation only (kNN, the online probe)."""
     settings = config["data"]
     return data.load_source(settings["source"], channels=settings["channels"],
                             data_dir=settings["data_dir"], manual_dir=settings["manual_dir"])
@@ -112,11 +114,7 @@ def run(config, run_dir, verbose=1):
     keras.utils.set_random_seed(config["train"]["seed"])
     train, held_out = load_data(config)
     check_sizes(config, len(train))
-    if config["evaluation"]["online_probe"]:
-        # The model trains its probe on ((views), labels) batches (CaCo(online_probe_classes)),
-        # but data.pretrain_dataset yields views only, without the images' labels.
-        raise ConfigError("evaluation.online_probe is not wired into the pre-training input "
-                          "pipeline yet (data.pretrain_dataset yields no labels)")
+    probe_classes = online_probe_classes(config, train)
     chief = distribute.is_chief(strategy)
     if chief:
         os.makedirs(run_dir, exist_ok=True)
@@ -127,12 +125,15 @@ def run(config, run_dir, verbose=1):
     steps_per_epoch = len(train) // batch
     views = build_views(config)
     with _dtype_policy(config["train"]["precision"]), strategy.scope():
-        model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync)
+        model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
+                            num_classes=probe_classes)
     skipped = data.SkippedFiles()  # unreadable images: skipped, reported once per epoch
+    # With the online probe the batches carry the labels, which only the probe reads; the
+    # views are the same either way.
     dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
         train, batch, views, seed=config["data"]["seed"], input_context=context,
         skipped=skipped, image_size=config["data"]["image_size"],
-        channels=config["data"]["channels"]))
+        channels=config["data"]["channels"], with_labels=probe_classes is not None))
     monitor = knn_monitor(config, views, train, held_out)
     model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
               shuffle=False,  # the dataset shuffles itself, once per epoch
@@ -152,6 +153,23 @@ def run(config, run_dir, verbose=1):
     with open(os.path.join(run_dir, "results.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     return results
+
+
+def online_probe_classes(config, train):
+    """The online probe's class count when ``evaluation.online_probe`` is on, else None.
+
+    The probe trains on the training images' labels: an unlabelled source is a ``ConfigError``.
+    """
+    if not config["evaluation"]["online_probe"]:
+        return None
+    if not train.has_labels:
+        raise ConfigError(f"evaluation.online_probe needs a labelled training source; "
+                          f"{config['data']['source']} has no labels")
+    classes = data.num_classes(train)
+    if classes < 2:
+        raise ConfigError(f"evaluation.online_probe needs at least 2 classes in the training "
+                          f"labels of {config['data']['source']}, found {classes}")
+    return classes
 
 
 def knn_monitor(config, views, train, held_out):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import augment, data
+from caco_tf import augment, data, export
 
 
 def test_offline_split_is_the_fixed_permutation():
@@ -287,3 +287,132 @@ def test_digit_views_on_image_files(tmp_path):
                                                    image_size=28, channels=1)))
     assert view1.shape == (4, 28, 28, 1) and view2.shape == (4, 28, 28, 1)
     assert np.abs(view1 - view2).max() > 0.1
+
+
+# ------------------------------------------------------------------ labelled batches (probe)
+class EchoImageViews(augment.ImageViews):
+    """Per-image views that are the decoded image itself (uint8 values as floats, nearest
+    resize): which image each element holds, through the per-image (decoding) path."""
+
+    def __init__(self, size, channels=1):
+        super().__init__(size, channels, (0.0,) * channels, (1.0,) * channels)
+        self.recipes = (augment.ViewRecipe(size=size),) * 2
+
+    def augment_image(self, image, seed):
+        image = tf.image.resize(tf.cast(image, tf.float32), [self.size] * 2, method="nearest")
+        return image, image
+
+
+def assert_same_batches(plain, labelled, classes=None):
+    """``labelled`` is ((views...), labels) with exactly ``plain``'s views; returns labels."""
+    labels = []
+    for views, (labelled_views, batch_labels) in zip(plain, labelled):
+        assert isinstance(labelled_views, tuple) and len(labelled_views) == len(views)
+        for a, b in zip(views, labelled_views):
+            np.testing.assert_array_equal(a, b)
+        assert batch_labels.dtype == tf.int64 and batch_labels.shape == views[0].shape[:1]
+        labels.append(batch_labels.numpy())
+    if classes is not None:
+        assert all(0 <= label.min() and label.max() < classes for label in labels)
+    return labels
+
+
+def test_labelled_array_batches_have_the_same_views_and_their_images_labels():
+    images = np.arange(24, dtype=np.uint8).reshape(24, 1, 1, 1)  # pixel = image number
+    labels = (np.arange(24) * 7) % 5  # not monotonic in the image number
+    source = data.ArraySource(images, labels)
+    # Batch views (the offline default's path) and per-image views of arrays.
+    for views, scale in [(EchoViews(), 255), (EchoImageViews(1), 1)]:
+        plain = list(data.pretrain_dataset(source, 8, views, seed=4).take(6))  # two passes
+        labelled = list(data.pretrain_dataset(source, 8, views, seed=4, with_labels=True)
+                        .take(6))
+        assert all(len(b) == 2 and b[0].shape == (8, 1, 1, 1) for b in plain)  # as before
+        got = assert_same_batches(plain, labelled, classes=5)
+        for (view1, _), batch_labels in zip(plain, got):
+            number = np.round(view1.numpy().ravel() * scale).astype(int)
+            np.testing.assert_array_equal(batch_labels, labels[number])
+    digits = data.ArraySource(data.load_offline_mnist()["train"][0][:24], labels)
+    assert_same_batches(
+        list(data.pretrain_dataset(digits, 8, augment.DigitViews(), seed=4).take(4)),
+        list(data.pretrain_dataset(digits, 8, augment.DigitViews(), seed=4,
+                                   with_labels=True).take(4)))
+    with pytest.raises(data.DataError, match="has no labels"):
+        data.pretrain_dataset(data.ArraySource(images), 8, EchoViews(), with_labels=True)
+    with pytest.raises(data.DataError, match="class indices"):
+        data.pretrain_dataset(data.ArraySource(images, labels - 1), 8, EchoViews(),
+                              with_labels=True)
+
+
+def gray_folder(root, per_class=5, corrupt=True):
+    """a/, b/, c/ of 4×4 gray PNGs whose pixels all equal the image's number (1, 2, ...)."""
+    labels, number = {}, 0
+    for label, name in enumerate("abc"):
+        os.makedirs(root / name)
+        for index in range(per_class):
+            number += 1
+            Image.fromarray(np.full((4, 4), number, np.uint8), "L").save(
+                root / name / f"{index}.png")
+            labels[number] = label
+    if corrupt:
+        whole = (root / "a" / "0.png").read_bytes()
+        (root / "b" / "truncated.png").write_bytes(whole[:len(whole) // 2])
+    return labels
+
+
+def test_labelled_file_batches_keep_views_labels_and_skipped_files(tmp_path):
+    labels = gray_folder(tmp_path)
+    source = data.folder_source(str(tmp_path))
+    assert data.num_classes(source) == 3
+    echo = EchoImageViews(4)
+    counts = []
+    for with_labels in (False, True):
+        skipped = data.SkippedFiles()
+        batches = list(data.pretrain_dataset(source, 4, echo, seed=2, skipped=skipped,
+                                             with_labels=with_labels).take(8))
+        counts.append(skipped.total)
+        if not with_labels:
+            plain = batches
+    got = assert_same_batches(plain, batches, classes=3)
+    assert counts[0] == counts[1] > 0  # the truncated file: skipped and counted alike
+    for (view1, _), batch_labels in zip(plain, got):
+        numbers = np.round(view1.numpy()[:, 0, 0, 0]).astype(int)
+        np.testing.assert_array_equal(batch_labels, [labels[n] for n in numbers])
+    # The real per-image views and the batch views of files: the same views, with labels.
+    for views, options in [(augment.AsymmetricViews(size=8, channels=1), {}),
+                           (augment.DigitViews(), dict(image_size=28, channels=1))]:
+        plain = list(data.pretrain_dataset(source, 4, views, seed=1, **options).take(4))
+        labelled = list(data.pretrain_dataset(source, 4, views, seed=1, with_labels=True,
+                                              **options).take(4))
+        assert_same_batches(plain, labelled, classes=3)
+
+
+def test_labelled_multicrop_batches(tmp_path):
+    gray_folder(tmp_path, corrupt=False)
+    source = data.folder_source(str(tmp_path))
+    views = augment.MultiCropViews(size=8, local_size=4, local_crops=1, channels=1)
+    plain = list(data.pretrain_dataset(source, 5, views, seed=0).take(3))
+    labelled = list(data.pretrain_dataset(source, 5, views, seed=0, with_labels=True).take(3))
+    assert_same_batches(plain, labelled, classes=3)
+    crops, labels = labelled[0]
+    assert [c.shape[1] for c in crops] == [8, 8, 4] and labels.shape == (5,)
+    from caco_tf.model import _crops, _labels
+    assert len(_crops(labelled[0])) == 3 and _labels(labelled[0]) is labels
+
+
+def test_labelled_tfds_batches_and_sharding():
+    echo = EchoImageViews(28)
+    with tfds.testing.mock_data(num_examples=12):
+        train, _ = data.load_source("tfds:mnist")
+        assert data.num_classes(train) == 10
+        by_image = {export.decode_image(contents, 1).numpy().tobytes(): int(label)
+                    for contents, label in train.ordered().as_numpy_iterator()}
+        assert len(by_image) == 12
+        for context in (None, tf.distribute.InputContext(2, 1, 2)):
+            plain = list(data.pretrain_dataset(train, 4, echo, seed=0, input_context=context)
+                         .take(3))
+            labelled = list(data.pretrain_dataset(train, 4, echo, seed=0, input_context=context,
+                                                  with_labels=True).take(3))
+            got = assert_same_batches(plain, labelled, classes=10)
+            for (view1, _), batch_labels in zip(plain, got):
+                images = np.round(view1.numpy()).astype(np.uint8)
+                assert [by_image[image.tobytes()] for image in images] == list(batch_labels)

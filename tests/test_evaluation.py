@@ -2,6 +2,7 @@
 online linear probe (which must never change the encoder)."""
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -203,18 +204,66 @@ def test_pretraining_logs_the_knn_monitor(tmp_path):
     assert pretrain.knn_monitor(config, None, None, None) is None
 
 
-def test_monitor_and_probe_settings_are_checked(tmp_path):
-    import tensorflow_datasets as tfds
-
-    from caco_tf import pretrain
+def test_monitor_settings_are_checked():
     from caco_tf.config import ConfigError, load_config
-    from tiny_run import OVERRIDES
 
     with pytest.raises(ConfigError, match="knn_monitor_every must be 0"):
         load_config(None, ["evaluation.knn_monitor_every=-1"])
     with pytest.raises(ConfigError, match="knn_monitor_k must be positive"):
         load_config(None, ["evaluation.knn_monitor_k=0"])
-    config = load_config(None, OVERRIDES + ["evaluation.online_probe=true"])
-    with tfds.testing.mock_data(num_examples=48), pytest.raises(ConfigError,
-                                                                 match="online_probe"):
+
+
+def test_pretraining_with_the_online_probe(tmp_path, capsys):
+    import tensorflow_datasets as tfds
+
+    from caco_tf import evaluate, pretrain
+    from caco_tf.config import load_config
+    from tiny_run import OVERRIDES
+
+    # One epoch, no warm-up (the warm-up step's probe is tested above), no kNN monitor.
+    config = load_config(None, OVERRIDES + [
+        "train.epochs=1", "caco.warmup_epochs=0", "evaluation.knn_monitor_every=0",
+        "evaluation.online_probe=true"])
+    run_dir = str(tmp_path / "run")
+    with tfds.testing.mock_data(num_examples=48):
+        train, _ = pretrain.load_data(config)
+        assert pretrain.online_probe_classes(config, train) == 10  # tfds:mnist's ClassLabel
+        pretrain.run(config, run_dir, verbose=1)
+        assert "probe_top1: " in capsys.readouterr().out  # the progress bar shows it
+        rows = json.load(open(tmp_path / "run" / "history.json"))
+        assert len(rows) == 1 and 0.0 <= rows[0]["probe_top1"] <= 1.0
+        pretrain.run(config, run_dir, verbose=0)  # resumes from the backup: nothing left to do
+    assert json.load(open(tmp_path / "run" / "history.json")) == rows
+
+    # The run folder rebuilds without the probe (evaluate, export), its checkpoint loading
+    # into it: the same encoder and bank as a rebuild with the probe, and trained ones.
+    run = evaluate.load_run(run_dir)
+    assert run.model.online_probe is None
+    probed = pretrain.build_model(config, 1, num_classes=10)
+    fresh = encoder_state(probed)
+    probed.load_weights(os.path.join(run_dir, "checkpoints", "last.weights.h5"))
+    for rebuilt, with_probe in zip(encoder_state(run.model), encoder_state(probed)):
+        np.testing.assert_array_equal(rebuilt, with_probe)
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(encoder_state(probed), fresh))
+    # The labels did reach the probe: one probe step per batch (48 images, batch 16), and its
+    # zero-initialized bias moved.
+    assert int(probed.probe_optimizer.iterations.numpy()) == 3
+    assert np.abs(probed.online_probe.layers[-1].bias.numpy()).max() > 0
+
+
+def test_the_online_probe_needs_a_labelled_training_source(tmp_path):
+    from caco_tf import pretrain
+    from caco_tf.config import ConfigError, load_config
+    from tiny_run import OVERRIDES
+
+    images = np.random.default_rng(0).integers(0, 256, (48, 28, 28, 1), dtype=np.uint8)
+    np.savez(tmp_path / "unlabelled.npz", images=images)
+    config = load_config(None, OVERRIDES + [f"data.source=npz:{tmp_path / 'unlabelled.npz'}",
+                                            "evaluation.online_probe=true"])
+    with pytest.raises(ConfigError, match="online_probe needs a labelled training source") \
+            as error:
         pretrain.run(config, str(tmp_path / "run"), verbose=0)
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+    config["evaluation"]["online_probe"] = False
+    assert pretrain.online_probe_classes(config, pretrain.load_data(config)[0]) is None
