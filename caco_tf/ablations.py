@@ -168,12 +168,7 @@ class AdversarialNegatives(_Ablation):
         gradient = (
             bank_lib.adversarial_negative_gradient(query1, key2, bank, self.bank_temperature)
             + bank_lib.adversarial_negative_gradient(query2, key1, bank, self.bank_temperature))
-        gradient = distribute.global_mean(gradient, tf.shape(query1)[0])
-        bank_lr = self.bank_learning_rate(step)
-        new_bank, new_velocity = bank_lib.momentum_step(
-            bank, self.bank_velocity, gradient, bank_lr, self.bank_momentum)
-        distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
-        return bank_lr
+        return self._bank_step(bank, gradient, step, tf.shape(query1)[0])
 
 
 class MoCoV2(_Ablation):

@@ -198,16 +198,9 @@ class CaCo(keras.Model):
                 query1, query2, bank_unit, positive_for_view1, positive_for_view2))
 
         # 3. The bank's cooperative-adversarial step, from the same queries and bank.
-        gradient = (
-            bank_lib.cooperative_adversarial_gradient(query1, bank, positive_for_view1,
-                                                      self.bank_temperature)
-            + bank_lib.cooperative_adversarial_gradient(query2, bank, positive_for_view2,
-                                                        self.bank_temperature))
-        gradient = distribute.global_mean(gradient, tf.shape(query1)[0])
-        bank_lr = self.bank_learning_rate(step)
-        new_bank, new_velocity = bank_lib.momentum_step(
-            bank, self.bank_velocity, gradient, bank_lr, self.bank_momentum)
-        distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
+        bank_lr = self._bank_step(bank, self._two_view_bank_gradient(
+            query1, query2, bank, positive_for_view1, positive_for_view2), step,
+            tf.shape(query1)[0])
 
         # 4. The key encoder follows the query encoder.
         self._update_key_encoder(step)
@@ -259,19 +252,12 @@ class CaCo(keras.Model):
         variables = self.query_encoder.trainable_variables
         self.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
 
-        gradient = (
-            bank_lib.cooperative_adversarial_gradient(query1, bank, positive_for_view1,
-                                                      self.bank_temperature)
-            + bank_lib.cooperative_adversarial_gradient(query2, bank, positive_for_view2,
-                                                        self.bank_temperature))
+        gradient = self._two_view_bank_gradient(query1, query2, bank, positive_for_view1,
+                                                positive_for_view2)
         if local:
             gradient += 2.0 * bank_lib.cooperative_adversarial_gradient(
                 local_queries, bank, local_positives, self.bank_temperature)
-        gradient = distribute.global_mean(gradient, tf.shape(query1)[0])
-        bank_lr = self.bank_learning_rate(step)
-        new_bank, new_velocity = bank_lib.momentum_step(
-            bank, self.bank_velocity, gradient, bank_lr, self.bank_momentum)
-        distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
+        bank_lr = self._bank_step(bank, gradient, step, tf.shape(query1)[0])
         self._update_key_encoder(step)
 
         self._track(loss, query1, query2, key1, key2, bank_unit,
@@ -335,6 +321,24 @@ class CaCo(keras.Model):
                                                 self.temperature))
                 + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
                                                   self.temperature)))
+
+    def _two_view_bank_gradient(self, query1, query2, bank, positive_for_view1,
+                                positive_for_view2):
+        """Eq. real_update's direction for both views: a batch mean per view, the views summed."""
+        return (bank_lib.cooperative_adversarial_gradient(query1, bank, positive_for_view1,
+                                                          self.bank_temperature)
+                + bank_lib.cooperative_adversarial_gradient(query2, bank, positive_for_view2,
+                                                            self.bank_temperature))
+
+    def _bank_step(self, bank, gradient, step, local_batch):
+        """Average the bank's gradient over the global batch, take the SGD-momentum step on the
+        pre-step bank and assign it on every replica.  Returns this step's bank lr."""
+        gradient = distribute.global_mean(gradient, local_batch)
+        bank_lr = self.bank_learning_rate(step)
+        new_bank, new_velocity = bank_lib.momentum_step(
+            bank, self.bank_velocity, gradient, bank_lr, self.bank_momentum)
+        distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
+        return bank_lr
 
     def _encoder_step(self, view1, view2, loss_of_queries):
         """Queries of both views, the loss they give, one optimizer step on the query encoder."""
