@@ -7,6 +7,7 @@ A run folder holds ``config.yaml`` (resolved), ``tensorboard/``, ``backup/`` (re
 
 import contextlib
 import json
+import logging
 import os
 
 import keras
@@ -85,8 +86,23 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
             optimizer=train["optimizer"], learning_rate=train["learning_rate"],
             weight_decay=train["weight_decay"], momentum=train["momentum"]),
-        jit_compile=train["jit_compile"])
+        jit_compile=use_xla(train["jit_compile"], num_replicas))
     return model
+
+
+def use_xla(jit_compile, num_replicas):
+    """``train.jit_compile``, except for several replicas on CPUs.
+
+    XLA has no cross-device collectives on CPU ("Collectives are not yet implemented for CPU
+    devices when compiling with XLA"), so such a run (logical CPU devices, CPU-only workers)
+    compiles its step without XLA, with a warning; on GPUs the setting is kept.
+    """
+    if jit_compile and num_replicas > 1 and not tf.config.list_physical_devices("GPU"):
+        logging.getLogger(__name__).warning(
+            "train.jit_compile ignored: XLA has no collectives across CPU replicas (%d here)",
+            num_replicas)
+        return False
+    return jit_compile
 
 
 def check_sizes(config, num_images):

@@ -188,3 +188,11 @@ def test_multiworker_run_survives_a_lost_worker(tmp_path):
     assert os.path.isdir(os.path.join(run_dir, "saved_model", "backbone", "1"))
     with open(os.path.join(logs, "worker1-2.log")) as handle:
         assert "run folder:" not in handle.read()  # the chief alone reports
+
+
+def test_xla_is_kept_on_one_device_and_dropped_across_cpu_replicas(caplog):
+    from caco_tf.pretrain import use_xla
+    assert use_xla(True, 1) is True and use_xla(False, 2) is False
+    assert not tf.config.list_physical_devices("GPU")  # the CI machine: CPU replicas only
+    assert use_xla(True, 2) is False
+    assert "no collectives across CPU replicas" in caplog.text
