@@ -16,7 +16,8 @@ written to a temporary folder), images/second of
 Each figure is the median over ``--repeats`` rounds; in every round the pipelines run one
 after the other (interleaved), each from a fresh iterator, timing ``--batches`` batches of 32
 after the first, so that a machine shared with other jobs loads them alike.  ``--ops`` adds a
-table of single ops (ms per 224² view): ours against the Keras / keras-cv layers they replace.
+table of single ops (ms per 224² view): ours, with and without XLA, against the Keras /
+keras-cv layers they replace.
 Writes (or replaces) its section of BENCHMARKS.md: the text between the markers below, under
 the section's heading.
 """
@@ -126,7 +127,8 @@ def _per_view_ms(function, argument, repeats, count):
 
 
 def measure_ops(path, repeats, count=16):
-    """(op, ours, ms, theirs, ms) rows: each per 224² view, on a batch of ``count``."""
+    """(op, ours, ms, ms without XLA or None, theirs, ms or None) rows: each per 224² view, on a
+    batch of ``count``."""
     decoded = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
     sources = tf.stack([decoded] * count)
     views = tf.random.stateless_uniform([count, 224, 224, 3], seed=[0, 1])
@@ -143,24 +145,27 @@ def measure_ops(path, repeats, count=16):
         flip = tf.random.stateless_uniform([], seed=seed) < 0.5
         return tf.cond(flip, lambda: tf.reverse(view, [1]), lambda: view)
 
-    recipe = augment.ViewRecipe()
-    mean, std = tf.constant(augment.IMAGENET_MEAN), tf.constant(augment.IMAGENET_STD)
+    mean, std = augment.IMAGENET_MEAN, augment.IMAGENET_STD
+    # What augment_view runs after the crop, as it compiles it: jitter (always, to time it)
+    # + grayscale + clip + normalization; and view 1's, with its blur (p = 1).
+    colour_recipe = augment.ViewRecipe(jitter_probability=1.0, blur_probability=0.0)
+    view1_recipe = augment.AsymmetricViews().recipes[0]
 
-    def our_colour(view, seed):  # jitter + grayscale + clip + normalization, as augment_view
-        draws = tf.random.stateless_uniform([augment._DRAWS], seed=seed)
-        matrix, offset = augment.colour_affine(
-            tf.reduce_mean(tf.reduce_mean(view, 0), 0), draws, recipe.jitter,
-            tf.constant(True), draws[augment._GRAY] < 0.2, 3)
-        flat = tf.matmul(tf.reshape(view, [-1, 3]), matrix, transpose_b=True)
-        view = tf.clip_by_value(tf.reshape(flat, [224, 224, 3]) + offset, 0.0, 1.0)
-        return tf.nn.bias_add(view / std, -mean / std)
+    def our_view(recipe, xla):
+        finish = augment._colour_view_function(recipe, 3, mean, std, 1.0, xla)
+        return lambda view, seed: finish(view, tf.random.stateless_uniform([augment._DRAWS],
+                                                                           seed=seed))
 
     def tf_hue(view, seed):
         return tf.image.adjust_hue(view, tf.random.stateless_uniform([], seed, -0.1, 0.1))
 
-    def our_blur(view, seed):
-        sigma = tf.random.stateless_uniform([], seed=seed, minval=0.1, maxval=2.0)
-        return augment.gaussian_blur(view, sigma, max_radius=6)
+    def our_blur(xla):
+        blur = tf.function(lambda view, sigma: augment.gaussian_blur(view, sigma, max_radius=6),
+                           jit_compile=xla, autograph=False)
+
+        def run(view, seed):
+            return blur(view, tf.random.stateless_uniform([], seed=seed, minval=0.1, maxval=2.0))
+        return run
 
     import keras_cv
 
@@ -175,28 +180,37 @@ def measure_ops(path, repeats, count=16):
     keras_blur = keras.layers.RandomGaussianBlur(factor=1.0, kernel_size=13, sigma=(0.1, 2.0),
                                                  value_range=(0, 1))
     keras_flip = keras.layers.RandomFlip("horizontal")
-    cases = [
+    cases = [  # op, ours, our fn, ours without XLA (or None), theirs, their fn (or None)
         ("crop 500×375 → 224", "crop_window + resize(antialias)",
-         lambda: per_image(our_crop, sources), "keras-cv RandomCropAndResize",
+         lambda: per_image(our_crop, sources), None, "keras-cv RandomCropAndResize",
          lambda: keras_crop(tf.cast(sources, tf.float32), training=True)),
-        ("flip", "cond + reverse", lambda: per_image(our_flip, views), "keras RandomFlip",
-         lambda: keras_flip(views, training=True)),
-        ("colour jitter + grayscale (+ normalize)", "colour_affine + 1 matmul + clip",
-         lambda: per_image(our_colour, views), "keras RandomColorJitter + RandomGrayscale",
+        ("flip", "cond + reverse", lambda: per_image(our_flip, views), None,
+         "keras RandomFlip", lambda: keras_flip(views, training=True)),
+        ("colour jitter + grayscale (+ normalize)",
+         "colour_view: normalization folded into the colour map, per-channel clip",
+         lambda: per_image(our_view(colour_recipe, True), views),
+         lambda: per_image(our_view(colour_recipe, False), views),
+         "keras RandomColorJitter + RandomGrayscale (no normalization)",
          lambda: keras_jitter(views, training=True)),
         ("hue alone, HSV (not used: our hue is in the colour matrix)",
-         "tf.image.adjust_hue", lambda: per_image(tf_hue, views),
+         "tf.image.adjust_hue", lambda: per_image(tf_hue, views), None,
          "keras RandomHue", lambda: keras_hue(views, training=True)),
         ("Gaussian blur σ∈[0.1, 2]", "gaussian_blur (separable, radius ⌈3σ⌉)",
-         lambda: per_image(our_blur, views), "keras RandomGaussianBlur (13×13)",
-         lambda: keras_blur(views, training=True)),
+         lambda: per_image(our_blur(True), views),
+         lambda: per_image(our_blur(False), views),
+         "keras RandomGaussianBlur (13×13)", lambda: keras_blur(views, training=True)),
+        ("view 1 after its crop: colour (p = 0.8), grayscale, blur (p = 1), normalization",
+         "colour_view", lambda: per_image(our_view(view1_recipe, True), views),
+         lambda: per_image(our_view(view1_recipe, False), views), "—", None),
     ]
     rows = []
-    for op, ours, our_fn, theirs, their_fn in cases:
+    for op, ours, our_fn, plain_fn, theirs, their_fn in cases:
         mine = _per_view_ms(lambda _: our_fn(), 0, repeats, count)
-        other = _per_view_ms(lambda _: their_fn(), 0, repeats, count)
-        rows.append((op, ours, mine, theirs, other))
-        print(f"{op}: ours {mine:.2f} ms, {theirs} {other:.2f} ms", flush=True)
+        plain = _per_view_ms(lambda _: plain_fn(), 0, repeats, count) if plain_fn else None
+        other = _per_view_ms(lambda _: their_fn(), 0, repeats, count) if their_fn else None
+        rows.append((op, ours, mine, plain, theirs, other))
+        print(f"{op}: ours {mine:.2f} ms" + (f" (without XLA {plain:.2f} ms)" if plain else "")
+              + (f", {theirs} {other:.2f} ms" if other else ""), flush=True)
     return rows
 
 
@@ -219,7 +233,6 @@ def command_line(argv):
 
 
 def section(medians, rates, ratios, ops, args, argv, jpeg_kb, load):
-    ceiling = medians["ceiling"]
     lines = [
         BEGIN,
         f"`{command_line(argv)}` — {datetime.date.today()}, {cpu_count()} CPU cores "
@@ -235,25 +248,33 @@ def section(medians, rates, ratios, ops, args, argv, jpeg_kb, load):
     ]
     if args.note:
         lines += ["", args.note]
-    lines += ["", "| pipeline | views | images/s (median) | rounds | of the ceiling |",
+    lines += ["", "| pipeline | views | images/s (median) | rounds | of the ceiling "
+                  "(median of the rounds' ratios) |",
               "|---|---|---:|---|---:|"]
     names = {"ceiling": ("(1) ceiling: decode + two plain random crops", "2 × 224"),
              "asymmetric": ("(2) asymmetric two views (`AsymmetricViews`)", "2 × 224"),
              "multicrop": ("(3) multi-crop (`MultiCropViews`)", "2 × 224 + 6 × 96")}
     for name, (label, shape) in names.items():
         each = ", ".join(f"{r:.0f}" for r in rates[name])
+        share = statistics.median(r / c for r, c in zip(rates[name], rates["ceiling"]))
         lines.append(f"| {label} | {shape} | {medians[name]:,.0f} | {each} | "
-                     f"{100 * medians[name] / ceiling:.0f} % |")
+                     f"{100 * share:.0f} % |")
     lines += ["", f"(2) / (1) per round: {', '.join(f'{100 * r:.0f} %' for r in ratios)} "
                   f"(median {100 * statistics.median(ratios):.0f} %; goal ≥ 60 %)."]
     if ops:
         lines += ["", "Single ops, ms per 224² view (batch of 16, median of "
                       f"{args.repeats}), ours against the layer it replaces "
-                      "(see `caco_tf/augment.py`):", "",
-                  "| op | ours (or TF's) | ms | Keras / keras-cv | ms |",
-                  "|---|---|---:|---|---:|"]
-        lines += [f"| {op} | {ours} | {mine:.2f} | {theirs} | {other:.2f} |"
-                  for op, ours, mine, theirs, other in ops]
+                      "(see `caco_tf/augment.py`). The pipeline compiles everything a view "
+                      "gets after its crop with XLA (`augment.colour_view`); \"without XLA\" "
+                      "runs the same function as plain TF kernels (`augment.JIT_COMPILE = "
+                      "False`):", "",
+                  "| op | ours (or TF's) | ms | without XLA, ms | Keras / keras-cv | ms |",
+                  "|---|---|---:|---:|---|---:|"]
+
+        def ms(value):
+            return "—" if value is None else f"{value:.2f}"
+        lines += [f"| {op} | {ours} | {ms(mine)} | {ms(plain)} | {theirs} | {ms(other)} |"
+                  for op, ours, mine, plain, theirs, other in ops]
     lines.append(END)
     return "\n".join(lines) + "\n"
 

@@ -16,6 +16,7 @@ notes above ``IMAGENET_MEAN``).
 """
 
 import dataclasses
+import functools
 import math
 from typing import Tuple
 
@@ -121,30 +122,41 @@ class DigitViews:
 #
 # Which op does what, and why not a Keras / keras-cv layer.  Figures: ms per 224² view, ours
 # vs the layer, from `python benchmarks/input_pipeline.py --ops` on the shared 2-core
-# development machine (BENCHMARKS.md has the table):
-# - crop (0.73 vs keras-cv RandomCropAndResize 1.46): TF's RandomResizedCrop sampler
-#   ``tf.image.stateless_sample_distorted_bounding_box`` (area fraction and pixel aspect ratio,
-#   10 tries, else the whole image) and ``tf.image.resize(antialias=True)`` (bilinear, as PIL).
-#   The keras-cv layer takes its aspect ratio relative to the image's own, clips the window
-#   (skewing the area distribution), resizes without antialiasing and draws statefully.
-# - flip (0.20 vs keras RandomFlip 0.51): ``tf.reverse`` of the uint8 crop under ``tf.cond``;
+# development machine (BENCHMARKS.md has the table; with other jobs' load they move by up to
+# half between runs, the ratios within a run much less):
+# - crop (1.44 vs keras-cv RandomCropAndResize 2.67): TF's RandomResizedCrop sampler
+#   ``tf.image.stateless_sample_distorted_bounding_box`` (area fraction and pixel aspect
+#   ratio, 10 tries, else the whole image) and ``tf.image.resize(antialias=True)`` (bilinear,
+#   as PIL).  The keras-cv layer takes its aspect ratio relative to the image's own, clips the
+#   window (skewing the area distribution), resizes without antialiasing and draws statefully.
+# - flip (0.27 vs keras RandomFlip 1.08): ``tf.reverse`` of the uint8 crop under ``tf.cond``;
 #   the layer flips every image and then selects.
-# - colour jitter + grayscale + normalization (0.84 vs keras RandomColorJitter +
-#   RandomGrayscale 3.48, without normalization): one 3×3 matrix and a scalar offset per view
-#   (``colour_affine``), one matmul, scalar clip, one bias-add.  The keras jitter also differs
-#   from torchvision's: it adds its brightness (torchvision multiplies), takes the contrast mean
-#   per channel (torchvision: of the grayscale image) and scales saturation in HSV
-#   (torchvision blends with the grayscale image).  Hue alone, in HSV, costs about our whole
-#   colour step (tf.image.adjust_hue 0.74, keras RandomHue 1.30), so our hue is a rotation of
-#   the YIQ chroma plane (it keeps the luma; HSV's hue shift keeps max and min of RGB), and
-#   values are clipped once, after the jitter, not after each of its four ops.
-# - blur (1.12 vs keras RandomGaussianBlur 28.25): separable Gaussian, σ per image, radius
-#   ⌈3σ⌉, mirrored edges (``gaussian_blur``).  The layer draws one σ per batch and runs a dense
-#   2-D kernel.  It is the costliest op of the two views (about 40 % of what they add to
-#   decoding and cropping); TF's conv2d, depthwise_conv2d, FFT and banded-matmul blurs were no
-#   faster here.
-# - solarize: ``tf.where`` at PIL's threshold 128, 20 % of second views (keras Solarization
-#   works the same; ours skips its value-range conversions).
+# - everything after the crop is one function per view recipe, ``colour_view``, compiled with
+#   XLA (``JIT_COMPILE``; view 1 after its crop 0.70, as TF kernels 3.63): as TF kernels,
+#   every op is one more pass over the view's memory and per-channel broadcasts are slow
+#   kernels; XLA fuses the elementwise ops into a few loops.  Compiling costs a few seconds
+#   per recipe when a pipeline first runs.
+# - colour jitter + grayscale + normalization (0.41; the same function as TF kernels 1.52;
+#   keras RandomColorJitter + RandomGrayscale 8.01, without normalization): one 3×3 matrix
+#   and offset per view (``colour_affine``), with the mean/std normalization folded in
+#   (``normalized_colour_affine``): one fused multiply-add and per-channel clip.  The keras
+#   jitter also differs from torchvision's: it adds its brightness (torchvision multiplies),
+#   takes the contrast mean per channel (torchvision: of the grayscale image) and scales
+#   saturation in HSV (torchvision blends with the grayscale image).  Hue alone, in HSV,
+#   costs several times our whole colour step (tf.image.adjust_hue 1.48, keras RandomHue
+#   2.84), so our hue is a rotation of the YIQ chroma plane (it keeps the luma; HSV's hue
+#   shift keeps max and min of RGB), and values are clipped once, after the jitter, not
+#   after each of its four ops.
+# - blur (0.79; as TF kernels 2.91; keras RandomGaussianBlur 54.00): separable Gaussian,
+#   σ per image, radius ⌈3σ⌉, mirrored edges (``gaussian_blur``), on normalized values (it
+#   commutes with the normalization).  The layer draws one σ per batch and runs a dense 2-D
+#   kernel.  TF's conv2d, depthwise_conv2d, FFT and banded-matmul blurs were no faster here;
+#   with XLA, the flat [H, W·C] layout and summing the interior straight from the view (no
+#   padded copy, ``_blur_pass``) each took about a third off, while gathers or concatenated
+#   shifts instead of slices, a fixed 13-tap kernel and the colour map applied to a padded
+#   view were slower.
+# - solarize: ``tf.where`` at PIL's threshold 128 (in normalized units), 20 % of second views
+#   (keras Solarization works the same; ours skips its value-range conversions).
 # ---------------------------------------------------------------------------------------------
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -217,23 +229,23 @@ def _hue_rotation(turns):
             + tf.sin(angle) * _HUE_SINE)
 
 
-def colour_affine(mean_rgb, draws, amounts, jitter, grayscale, channels):
+def colour_affine(mean_gray, draws, amounts, jitter, grayscale, channels):
     """The per-image colour jitter then grayscale, as ``x ↦ A x + c 1``; returns (A, c).
 
     ``amounts`` are the jitter's (brightness, contrast, saturation, hue); ``jitter`` and
     ``grayscale`` the two ops' coin flips (boolean tensors); ``draws`` the view's uniform draws;
-    ``mean_rgb`` the view's mean colour.  As torchvision: brightness b blends with black
-    (x ↦ b x), contrast k with the mean gray m of the image (x ↦ k x + (1 - k) m 1),
+    ``mean_gray`` the view's mean gray m = wᵀμ (μ its mean colour; one channel: its mean).
+    As torchvision: brightness b blends with black (x ↦ b x), contrast k with the mean gray
+    of the image (x ↦ k x + (1 - k) m 1),
     saturation s with the grayscale image (x ↦ s x + (1 - s) G x, G = 1 wᵀ the luma on every
     channel); hue rotates the chroma by θ.  Without clipping in between, the four commute:
     saturation and hue fix gray and keep the luma (G S = S G = G, same for the hue), and
     brightness and contrast are scalings, so torchvision's random order changes nothing and
 
-        A = b k (G + s (cos θ (I - G) + sin θ Q)),   c = (1 - k) b wᵀμ,
+        A = b k (G + s (cos θ (I - G) + sin θ Q)),   c = (1 - k) b m,
 
-    with Q the rotation's generator and μ the mean colour; grayscale replaces A by b k G.  The
-    offset is one number for all channels: a scalar add, several times faster in TF than a
-    per-channel one.  One channel: A = b k, same c.
+    with Q the rotation's generator; grayscale replaces A by b k G.  The offset is one number
+    for all channels.  One channel: A = b k, same c.
     """
     brightness, contrast, saturation, hue = (float(v) for v in _jitter_amounts(amounts))
 
@@ -242,8 +254,7 @@ def colour_affine(mean_rgb, draws, amounts, jitter, grayscale, channels):
 
     bright, contr = factor(_BRIGHT, brightness), factor(_CONTRAST, contrast)
     scale = tf.where(jitter, bright * contr, 1.0)
-    luma_mean = tf.reduce_sum(mean_rgb * (LUMA if channels == 3 else 1.0))
-    offset = tf.where(jitter, (1.0 - contr) * bright * luma_mean, 0.0)
+    offset = tf.where(jitter, (1.0 - contr) * bright * mean_gray, 0.0)
     if channels == 1:
         return tf.reshape(scale, [1, 1]), offset
     angle = 2.0 * math.pi * hue * (2.0 * draws[_HUE] - 1.0)
@@ -261,11 +272,53 @@ def _jitter_amounts(jitter):
     return jitter
 
 
+def _blur_pass(image, weights, radius, axis):
+    """One 1-D pass of the separable blur along ``axis`` (0: down, 1: across) of [H, W, C].
+
+    On the flat [H, W·C] layout a tap is a shift by one row (axis 0) or by C values (axis 1),
+    so XLA runs each pass as one loop over contiguous memory.  Mirrored taps share their
+    weight: r + 1 products instead of 2r + 1.  Edges are mirrored: the lines at least r from
+    an edge are summed straight from the image, the r lines at each edge from a small strip
+    of 3r mirrored lines, so that no padded copy of the whole image is made (a third less
+    time than padding it first, with XLA); small (or unknown) sizes pad the whole image.
+    """
+    size = image.shape[axis]
+    unit = 1 if axis == 0 else image.shape[-1] or tf.shape(image)[-1]
+
+    def flat(x):
+        return tf.reshape(x, [tf.shape(x)[0], -1])
+
+    def mirrored(x, before, after):
+        return flat(tf.pad(x, [[before, after], [0, 0], [0, 0]] if axis == 0
+                           else [[0, 0], [before, after], [0, 0]], mode="SYMMETRIC"))
+
+    def taps(x, start, length):
+        """Σ_j w_j (line start + i + j): output lines start .. start + length - 1 of ``x``."""
+        def lines(shift):
+            begin = (start + shift) * unit
+            return (x[begin:begin + length * unit] if axis == 0
+                    else x[:, begin:begin + length * unit])
+        return tf.add_n([lines(0) * weights[radius]] + [
+            (lines(j) + lines(-j)) * weights[radius + j] for j in range(1, radius + 1)])
+
+    if size is None or size < 2 * radius:
+        blurred = taps(mirrored(image, radius, radius), radius, tf.shape(image)[axis])
+    else:
+        r = radius
+        edge = (slice(None),) * axis  # index prefix selecting along ``axis``
+        head = mirrored(image[edge + (slice(0, 2 * r),)], r, 0)  # lines -r .. 2r - 1
+        tail = mirrored(image[edge + (slice(size - 2 * r, size),)], 0, r)  # n - 2r .. n + r - 1
+        blurred = tf.concat([taps(head, r, r), taps(flat(image), r, size - 2 * r),
+                             taps(tail, r, r)], axis)
+    return tf.reshape(blurred, tf.shape(image))
+
+
 def gaussian_blur(image, sigma, max_radius):
     """Separable Gaussian blur of [H, W, C] with standard deviation ``sigma`` (pixels).
 
-    The radius ⌈3σ⌉ (at most ``max_radius``) picks one of a few static branches: σ = 0.3
-    costs 3 taps a direction, σ = 2 costs 13.  Edges are mirrored.
+    The radius ⌈3σ⌉ (at most ``max_radius``, which must not exceed H or W) picks one of a few
+    static branches: σ = 0.3 costs 3 taps a direction, σ = 2 costs 13.  Edges are mirrored
+    (``_blur_pass``).
     """
     radius = tf.clip_by_value(tf.cast(tf.math.ceil(3.0 * sigma), tf.int32), 1, max_radius)
 
@@ -274,19 +327,103 @@ def gaussian_blur(image, sigma, max_radius):
             taps = tf.range(-r, r + 1, dtype=tf.float32)
             weights = tf.exp(-0.5 * tf.square(taps / sigma))
             weights = weights / tf.reduce_sum(weights)
-            height, width = tf.shape(image)[0], tf.shape(image)[1]
-            # Mirrored taps share their weight: r + 1 scalar products instead of 2r + 1.
-            padded = tf.pad(image, [[r, r], [0, 0], [0, 0]], mode="SYMMETRIC")
-            blurred = tf.add_n([padded[r:r + height] * weights[r]] + [
-                (padded[r + j:r + j + height] + padded[r - j:r - j + height]) * weights[r + j]
-                for j in range(1, r + 1)])
-            padded = tf.pad(blurred, [[0, 0], [r, r], [0, 0]], mode="SYMMETRIC")
-            return tf.add_n([padded[:, r:r + width] * weights[r]] + [
-                (padded[:, r + j:r + j + width] + padded[:, r - j:r - j + width])
-                * weights[r + j] for j in range(1, r + 1)])
+            return _blur_pass(_blur_pass(image, weights, r, 0), weights, r, 1)
         return run
 
     return tf.switch_case(radius - 1, [blur_with(r) for r in range(1, max_radius + 1)])
+
+
+def normalized_colour_affine(mean_gray, draws, recipe, channels, unit, mean, std):
+    """The view's colour map and normalization as one per-channel affine map and clip.
+
+    ``colour_affine`` gives the jitter and grayscale as v = clip(A·x·unit + c, 0, 1) (the
+    identity when neither op is drawn); the normalization n = (v - μ) / σ is per channel, so
+
+        n = clip(M x + b, low, high),  M = diag(1/σ) A·unit,  b = (c - μ) / σ,
+        low = -μ / σ,  high = (1 - μ) / σ.
+
+    Returns (M [C, C], b, low, high): per channel ([C]), or scalars where ``mean`` and ``std``
+    are (0 and 1: the map into [0, 1] units, unnormalized).
+    """
+    jitter = draws[_JITTER] < recipe.jitter_probability
+    grayscale = draws[_GRAY] < recipe.grayscale_probability
+    recolour = tf.logical_or(jitter, grayscale) if channels == 3 else jitter
+    matrix, offset = colour_affine(mean_gray, draws, recipe.jitter, jitter, grayscale, channels)
+    matrix = tf.where(recolour, matrix, tf.eye(channels))  # exactly the identity, unrounded
+    mean, inverse = np.asarray(mean, np.float32), 1.0 / np.asarray(std, np.float32)
+    return (matrix * np.reshape(unit * inverse, [-1, 1]), (offset - mean) * inverse,
+            -mean * inverse, (1.0 - mean) * inverse)
+
+
+def colour_view(view, draws, recipe, mean, std, unit=1.0, xla=True):
+    """Everything a view gets after its crop: colour, clip, blur, solarize, normalization.
+
+    ``view`` is [S, S, C] float32 in pixel units (``unit`` turns them into [0, 1]); ``draws``
+    the view's uniform draws.  The result is normalized, as ``augment_view`` returns it.
+
+    ``xla`` (the function is compiled with XLA): the normalization is folded into the colour
+    map (``normalized_colour_affine``) and the rest works on normalized values: the Gaussian
+    blur is linear with weights summing to 1, so it commutes with the per-channel affine
+    normalization, and solarization (v ≥ t ↦ 1 - v in [0, 1] units) becomes
+    n ≥ (t - μ) / σ ↦ (1 - 2μ) / σ - n.  XLA fuses the map, its per-channel clip and the
+    normalization into one loop.  Without XLA, per-channel broadcasts are slow TF kernels
+    (a per-channel clip costs 20 times a scalar one here), so the view stays in [0, 1] units
+    (one matmul, scalar offset and clip) and is normalized last (a matmul by diag(1/σ) and a
+    bias-add).  Both give the same values up to rounding.
+    """
+    size, channels = view.shape[0], view.shape[-1]
+    flat = tf.reshape(view, [-1, channels])
+    # The mean gray as the mean of the luma image: XLA reduces a flat vector several times
+    # faster than [S, S, C] to [C].
+    luma = tf.matmul(flat, tf.constant(LUMA if channels == 3 else (1.0,), shape=[channels, 1]))
+    mean_gray = tf.reduce_mean(luma) * unit
+    space_mean, space_std = (mean, std) if xla else (0.0, 1.0)
+    matrix, bias, low, high = normalized_colour_affine(mean_gray, draws, recipe, channels, unit,
+                                                       space_mean, space_std)
+    if xla:  # broadcast products: fused with the bias and the clip into one loop
+        view = tf.add_n([view[..., k:k + 1] * matrix[:, k] for k in range(channels)]) + bias
+    else:
+        view = tf.reshape(tf.matmul(flat, matrix, transpose_b=True), tf.shape(view)) + bias
+    view = tf.minimum(tf.maximum(view, low), high)
+
+    if recipe.blur_probability > 0:
+        sigma = (recipe.blur_sigma[0]
+                 + draws[_SIGMA] * (recipe.blur_sigma[1] - recipe.blur_sigma[0]))
+        # Mirrored padding needs the radius within the view (only tiny test views reach it).
+        max_radius = max(1, min(math.ceil(3.0 * recipe.blur_sigma[1]), size))
+        view = tf.cond(draws[_BLUR] < recipe.blur_probability,
+                       lambda: gaussian_blur(view, sigma, max_radius), lambda: view)
+    if recipe.solarize_probability > 0:
+        shift, scale = np.asarray(space_mean, np.float64), 1.0 / np.asarray(space_std, np.float64)
+        threshold = ((_SOLARIZE_THRESHOLD - shift) * scale).astype(np.float32)
+        reflection = ((1.0 - 2.0 * shift) * scale).astype(np.float32)
+        view = tf.cond(draws[_SOLARIZE] < recipe.solarize_probability,
+                       lambda: tf.where(view >= threshold, reflection - view, view),
+                       lambda: view)
+    if not xla:
+        inverse = np.array([1.0 / s for s in std], np.float32)
+        flat = tf.matmul(tf.reshape(view, [-1, channels]), np.diag(inverse))
+        view = tf.reshape(tf.nn.bias_add(flat, -np.asarray(mean, np.float32) * inverse),
+                          tf.shape(view))
+    return view
+
+
+# Compile ``colour_view`` with XLA (see the notes above IMAGENET_MEAN; BENCHMARKS.md: view 1
+# after its crop several times faster than as TF kernels).  False runs it as plain TF kernels
+# (about as fast as this module was before XLA), e.g. where XLA's CPU compiler is unavailable;
+# it is read when a pipeline (or a view function) is traced.
+JIT_COMPILE = True
+
+
+@functools.lru_cache(maxsize=None)
+def _colour_view_function(recipe, channels, mean, std, unit, jit_compile):
+    """``colour_view`` for one recipe as a ``tf.function`` of static shapes (one compilation)."""
+    return tf.function(
+        functools.partial(colour_view, recipe=recipe, mean=mean, std=std, unit=unit,
+                          xla=jit_compile),
+        input_signature=[tf.TensorSpec([recipe.size, recipe.size, channels], tf.float32),
+                         tf.TensorSpec([_DRAWS], tf.float32)],
+        jit_compile=jit_compile, autograph=False)
 
 
 def augment_view(image, seed, recipe, mean, std):
@@ -297,41 +434,9 @@ def augment_view(image, seed, recipe, mean, std):
     crop_seed = tf.random.experimental.stateless_fold_in(seed, _CROP_SEED)
     view = resized_crop(image, crop_seed, recipe.size, recipe.scale, recipe.ratio,
                         flip=draws[_FLIP] < recipe.flip_probability)
-
-    # Colour, in [0, 1] units: x ↦ clip(A·x·unit + c, 0, 1).  The clip, the blur and the
-    # solarization work with scalars, which TF runs several times faster than per-channel
-    # broadcasts; the per-channel normalization comes last, as one fused bias-add.
-    jitter = draws[_JITTER] < recipe.jitter_probability
-    grayscale = draws[_GRAY] < recipe.grayscale_probability
-    recolour = tf.logical_or(jitter, grayscale) if channels == 3 else jitter
-
-    def coloured():
-        mean_rgb = tf.reduce_mean(tf.reduce_mean(view, 0), 0) * unit  # rows first: fast
-        matrix, offset = colour_affine(mean_rgb, draws, recipe.jitter, jitter, grayscale,
-                                       channels)
-        if channels == 1:
-            return view * (matrix[0, 0] * unit) + offset
-        flat = tf.matmul(tf.reshape(view, [-1, channels]), matrix * unit, transpose_b=True)
-        return tf.reshape(flat, tf.shape(view)) + offset
-
-    view = tf.cond(recolour, coloured, lambda: view * unit)
-    view = tf.clip_by_value(view, 0.0, 1.0)
-
-    if recipe.blur_probability > 0:
-        sigma = recipe.blur_sigma[0] + draws[_SIGMA] * (recipe.blur_sigma[1] - recipe.blur_sigma[0])
-        max_radius = max(1, math.ceil(3.0 * recipe.blur_sigma[1]))
-        view = tf.cond(draws[_BLUR] < recipe.blur_probability,
-                       lambda: gaussian_blur(view, sigma, max_radius), lambda: view)
-    if recipe.solarize_probability > 0:
-        view = tf.cond(draws[_SOLARIZE] < recipe.solarize_probability,
-                       lambda: tf.where(view >= _SOLARIZE_THRESHOLD, 1.0 - view, view),
-                       lambda: view)
-    if channels == 1:
-        view = (view - mean[0]) / std[0]
-    else:
-        view = tf.nn.bias_add(view * tf.constant([1.0 / s for s in std]),
-                              tf.constant([-m / s for m, s in zip(mean, std)]))
-    return tf.ensure_shape(view, [recipe.size, recipe.size, channels])
+    finish = _colour_view_function(recipe, channels, tuple(mean), tuple(std), unit,
+                                   bool(JIT_COMPILE))
+    return finish(view, draws)
 
 
 class ImageViews:

@@ -34,9 +34,9 @@ def yiq_hue(image, turns):
 
 
 def colour(image, draws, amounts=(0.4, 0.4, 0.2, 0.1), jitter=True, gray=False, channels=3):
-    mean_rgb = tf.constant(image.reshape(-1, channels).mean(0), tf.float32)
-    matrix, offset = augment.colour_affine(mean_rgb, draws, amounts, tf.constant(jitter),
-                                           tf.constant(gray), channels)
+    mean_gray = (image.reshape(-1, channels).mean(0) @ (LUMA if channels == 3 else [1.0]))
+    matrix, offset = augment.colour_affine(tf.constant(mean_gray, tf.float32), draws, amounts,
+                                           tf.constant(jitter), tf.constant(gray), channels)
     return apply_affine(image, matrix.numpy(), offset.numpy())
 
 
@@ -94,18 +94,31 @@ def test_one_channel_gets_brightness_and_contrast_only():
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
+def blur_up_to_6(image, sigma):
+    return augment.gaussian_blur(image, sigma, max_radius=6)
+
+
+# Plain TF, XLA, and sizes known only at run time; one trace (and compilation) per shape.
+BLURS = [tf.function(blur_up_to_6), tf.function(blur_up_to_6, jit_compile=True),
+         tf.function(blur_up_to_6, input_signature=[tf.TensorSpec([None, None, None]),
+                                                    tf.TensorSpec([])])]
+
+
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 2.0])
-def test_gaussian_blur_matches_a_separable_numpy_blur(sigma):
-    image = np.random.default_rng(4).uniform(size=(16, 13, 3)).astype(np.float32)
+@pytest.mark.parametrize("shape", [(16, 13, 3), (30, 40, 1), (9, 7, 3)])  # 9 × 7: < 2 radii
+def test_gaussian_blur_matches_a_separable_numpy_blur(sigma, shape):
+    image = np.random.default_rng(4).uniform(size=shape).astype(np.float32)
+    height, width, _ = shape
     radius = math.ceil(3 * sigma)
     taps = np.arange(-radius, radius + 1)
     weights = np.exp(-0.5 * (taps / sigma) ** 2)
     weights /= weights.sum()
     padded = np.pad(image, [(radius, radius), (radius, radius), (0, 0)], mode="symmetric")
-    rows = sum(w * padded[radius + t:radius + t + 16] for t, w in zip(taps, weights))
-    expected = sum(w * rows[:, radius + t:radius + t + 13] for t, w in zip(taps, weights))
-    got = augment.gaussian_blur(tf.constant(image), tf.constant(sigma), max_radius=6)
-    np.testing.assert_allclose(got, expected, atol=1e-5)
+    rows = sum(w * padded[radius + t:radius + t + height] for t, w in zip(taps, weights))
+    expected = sum(w * rows[:, radius + t:radius + t + width] for t, w in zip(taps, weights))
+    for blur in BLURS:
+        np.testing.assert_allclose(blur(tf.constant(image), tf.constant(sigma)), expected,
+                                   atol=1e-5)
     flat = augment.gaussian_blur(tf.fill([9, 9, 1], 0.3), tf.constant(sigma), max_radius=6)
     np.testing.assert_allclose(flat, 0.3, atol=1e-6)  # mirrored edges: no dark border
 
@@ -196,3 +209,138 @@ def test_single_channel_views_stay_single_channel():
     assert view1.shape == (4, 28, 28, 1) and np.isfinite(view2.numpy()).all()
     low, high = (0 - views.mean[0]) / views.std[0], (1 - views.mean[0]) / views.std[0]
     assert view1.numpy().min() >= low - 1e-5 and view1.numpy().max() <= high + 1e-5
+
+
+# ------------------------------------------------------------------ the whole view vs NumPy
+def reference_colour_view(pixels, draws, recipe, mean, std, unit):
+    """A view after its crop, straightforwardly: torchvision's jitter (brightness, contrast,
+    saturation, hue, in that order), grayscale, clip, blur, solarize in [0, 1], then the
+    per-channel normalization; float64.  Returns (view, mask of pixels that solarization
+    leaves ambiguous: within rounding of its threshold)."""
+    u = np.asarray(draws, np.float64)
+    x = np.asarray(pixels, np.float64) * unit
+    channels = x.shape[-1]
+
+    def gray(image):
+        return (image @ LUMA)[..., None] if channels == 3 else image
+
+    if u[augment._JITTER] < recipe.jitter_probability:
+        brightness, contrast, saturation, hue = recipe.jitter
+        x = (1 + brightness * (2 * u[augment._BRIGHT] - 1)) * x
+        k = 1 + contrast * (2 * u[augment._CONTRAST] - 1)
+        x = k * x + (1 - k) * gray(x).mean()
+        if channels == 3:
+            s = 1 + saturation * (2 * u[augment._SATURATE] - 1)
+            x = s * x + (1 - s) * gray(x)
+            x = yiq_hue(x, hue * (2 * u[augment._HUE] - 1))
+    if channels == 3 and u[augment._GRAY] < recipe.grayscale_probability:
+        x = np.repeat(gray(x), 3, axis=-1)
+    x = np.clip(x, 0.0, 1.0)
+    if u[augment._BLUR] < recipe.blur_probability:
+        low, high = (np.float32(v) for v in recipe.blur_sigma)
+        sigma = low + np.float32(u[augment._SIGMA]) * (high - low)  # as TF draws it: float32
+        radius = min(math.ceil(np.float32(3) * sigma), x.shape[0])
+        taps = np.arange(-radius, radius + 1)
+        weights = np.exp(-0.5 * (taps / float(sigma)) ** 2)
+        weights /= weights.sum()
+        size = x.shape[0]
+        padded = np.pad(x, [(radius, radius), (radius, radius), (0, 0)], mode="symmetric")
+        rows = sum(w * padded[radius + t:radius + t + size] for t, w in zip(taps, weights))
+        x = sum(w * rows[:, radius + t:radius + t + size] for t, w in zip(taps, weights))
+    tie = np.zeros(x.shape, bool)
+    if u[augment._SOLARIZE] < recipe.solarize_probability:
+        tie = np.abs(x - 128 / 255) < 1e-5
+        x = np.where(x >= 128 / 255, 1.0 - x, x)
+    return (x - np.asarray(mean)) / np.asarray(std), tie
+
+
+def assert_close_but_ties(got, expected, tie, atol=2e-5):
+    got = np.asarray(got)
+    assert got.shape == expected.shape and tie.mean() < 0.01
+    np.testing.assert_allclose(np.where(tie, expected, got), expected, atol=atol)
+
+
+DRAW_CASES = [  # (jitter, gray, blur, solarize) coins on and off, σ from small to large
+    dict(jitter=0.1, gray=0.9, blur=0.0, sigma=0.95, solarize=0.9, bright=0.9, contrast=0.1,
+         saturate=0.8, hue=0.3),
+    dict(jitter=0.1, gray=0.1, blur=0.0, sigma=0.05, solarize=0.0, bright=0.2, contrast=0.95),
+    dict(jitter=0.9, gray=0.1, blur=0.0, sigma=0.5, solarize=0.9),  # grayscale alone
+    dict(jitter=0.9, gray=0.9, blur=0.9, solarize=0.9),  # nothing but the normalization
+    dict(jitter=0.5, gray=0.9, blur=0.0, sigma=0.62, solarize=0.1, bright=1.0, contrast=0.0,
+         saturate=0.0, hue=1.0),
+]
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("case", range(len(DRAW_CASES)))
+def test_colour_view_matches_the_unfolded_numpy_view(jit_compile, case):
+    """The fold (normalization in the colour map, clip per channel, blur and solarization in
+    normalized units) changes nothing but rounding, with and without XLA."""
+    recipe = augment.ViewRecipe(size=24, blur_probability=0.5, solarize_probability=0.5)
+    mean, std = augment.IMAGENET_MEAN, augment.IMAGENET_STD
+    rng = np.random.default_rng(10 + case)
+    pixels = rng.uniform(0, 255, (24, 24, 3)).astype(np.float32)
+    pixels[:6] = 0.6 * pixels[:6] + 90  # a duller band: the mean differs from 0.5
+    draws = draws_with(**DRAW_CASES[case])
+    function = augment._colour_view_function(recipe, 3, mean, std, 1 / 255, jit_compile)
+    expected, tie = reference_colour_view(pixels, draws, recipe, mean, std, 1 / 255)
+    assert_close_but_ties(function(tf.constant(pixels), draws), expected, tie)
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_one_channel_and_float_views_match_numpy(jit_compile):
+    recipe = augment.ViewRecipe(size=16, blur_probability=1.0, solarize_probability=1.0)
+    mean, std = (augment.IMAGENET_GRAY_MEAN,), (augment.IMAGENET_GRAY_STD,)
+    pixels = np.random.default_rng(11).uniform(0, 1, (16, 16, 1)).astype(np.float32)
+    for draws in (draws_with(jitter=0.1, bright=0.8, contrast=0.3, sigma=0.7),
+                  draws_with(jitter=0.9, sigma=0.2)):
+        function = augment._colour_view_function(recipe, 1, mean, std, 1.0, jit_compile)
+        expected, tie = reference_colour_view(pixels, draws, recipe, mean, std, 1.0)
+        assert_close_but_ties(function(tf.constant(pixels), draws), expected, tie)
+
+
+def reference_views(views, image, seed):
+    """Every view of ``image`` through NumPy after TF's crop: the same draws, window, flip."""
+    out = []
+    for index, recipe in enumerate(views.recipes):
+        view_seed = tf.random.experimental.stateless_fold_in(seed, index)
+        draws = tf.random.stateless_uniform([augment._DRAWS], seed=view_seed)
+        crop = augment.resized_crop(
+            image, tf.random.experimental.stateless_fold_in(view_seed, augment._CROP_SEED),
+            recipe.size, recipe.scale, recipe.ratio,
+            flip=draws[augment._FLIP] < recipe.flip_probability)
+        out.append(reference_colour_view(crop.numpy(), draws.numpy(), recipe, views.mean,
+                                         views.std, 1 / 255 if image.dtype == tf.uint8 else 1.0))
+    return out
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_views_match_the_numpy_reference_for_several_images_and_seeds(jit_compile, monkeypatch):
+    monkeypatch.setattr(augment, "JIT_COMPILE", jit_compile)
+    rng = np.random.default_rng(12)
+    asymmetric = augment.AsymmetricViews(size=32)
+    multicrop = augment.MultiCropViews(size=32, local_size=12, local_crops=2)
+    checked = set()
+    for number in range(4):
+        shape = (48, 40, 3) if number % 2 else (40, 56, 3)
+        image = tf.constant(rng.integers(0, 256, shape), tf.uint8)
+        for views in (asymmetric, multicrop):
+            seed = tf.constant([7, number], tf.int64)
+            got = views.augment_image(image, seed)
+            for index, (view, (expected, tie)) in enumerate(
+                    zip(got, reference_views(views, image, seed))):
+                assert_close_but_ties(view, expected, tie)
+                draws = tf.random.stateless_uniform(
+                    [augment._DRAWS], seed=tf.random.experimental.stateless_fold_in(seed, index))
+                checked.add(bool(draws[augment._BLUR] < views.recipes[index].blur_probability))
+    assert checked == {True, False}  # blurred and unblurred views both compared
+
+
+def test_tiny_views_blur_within_their_size():
+    """Mirrored padding needs the radius within the view: 4-pixel crops still blur (σ ≤ 2)."""
+    views = augment.MultiCropViews(size=8, local_size=4, local_crops=4, blur_sigma=(1.9, 2.0))
+    image = tf.constant(np.random.default_rng(13).integers(0, 256, (20, 20, 3)), tf.uint8)
+    for number in range(3):
+        crops = views.augment_image(image, tf.constant([1, number], tf.int64))
+        assert all(np.isfinite(c.numpy()).all() for c in crops)
+        assert [c.shape[0] for c in crops] == [8, 8, 4, 4, 4, 4]
