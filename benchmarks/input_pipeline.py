@@ -34,6 +34,10 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _report import cpu_count  # noqa: E402
+import _report  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -215,12 +219,6 @@ def measure_ops(path, repeats, count=16):
 
 
 # ---------------------------------------------------------------------------------- report
-def cpu_count():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count()
-
 
 def command_line(argv):
     shown, skip = [], False
@@ -279,21 +277,6 @@ def section(medians, rates, ratios, ops, args, argv, jpeg_kb, load):
     return "\n".join(lines) + "\n"
 
 
-def write_section(text, path):
-    """Replace the text between the markers in ``path``, or append the section.
-
-    The markers sit under the section's heading, so that a script that replaces its own
-    section up to the next "## " heading (export_throughput.py) leaves them alone.
-    """
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if BEGIN in old and END in old:
-        start, end = old.index(BEGIN), old.index(END) + len(END) + 1
-        new = old[:start] + text + old[end:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + TITLE + "\n\n" + text
-    with open(path, "w") as handle:
-        handle.write(new)
-
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -315,8 +298,9 @@ def main(argv=None):
         after = os.getloadavg()[0]
     print(", ".join(f"{n}: {r:,.0f} images/s" for n, r in medians.items())
           + f"; (2)/(1) = {100 * statistics.median(ratios):.0f} %")
-    write_section(section(medians, rates, ratios, ops, args, argv, jpeg_kb, (before, after)),
-                  args.out)
+    _report.write_section(
+        section(medians, rates, ratios, ops, args, argv, jpeg_kb, (before, after)), args.out,
+        BEGIN, END, TITLE)
     print(f"wrote {args.out}")
     return 0
 

@@ -56,6 +56,10 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _report import cpu_count  # noqa: E402
+import _report  # noqa: E402
 
 TITLE = "## Train-step time and the cost of the learned bank"
 BEGIN, END = "<!-- step_time: begin -->", "<!-- step_time: end -->"
@@ -309,12 +313,6 @@ def summary(result, peak_flops):
     return out
 
 
-def cpu_count():
-    try:
-        return len(os.sched_getaffinity(0))  # what `nproc` reports
-    except AttributeError:
-        return os.cpu_count()
-
 
 def machine():
     model, memory = platform.processor() or platform.machine(), None
@@ -548,17 +546,6 @@ def scaling_lines(done, derived):
     return lines
 
 
-def write_section(text, path):
-    """Replace the text between the markers in ``path``, or append the section at the end."""
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if BEGIN in old and END in old:
-        start, end = old.index(BEGIN), old.index(END) + len(END) + 1
-        new = old[:start] + text + old[end:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + TITLE + "\n\n" + text
-    with open(path, "w") as handle:
-        handle.write(new)
-
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -615,7 +602,7 @@ def main(argv=None):
     text = section(results, matmul, args, argv, time.perf_counter() - start)
     print(text)
     if output:
-        write_section(text, output)
+        _report.write_section(text, output, BEGIN, END, TITLE)
         print(f"wrote {output}")
     failed = [n for n, r in results.items() if "error" in r] + (
         ["matmul"] if "error" in matmul else [])
