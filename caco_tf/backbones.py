@@ -198,11 +198,20 @@ def _build_cifar_resnet18(input_shape, sync: bool) -> keras.Model:
     return keras.Model(inputs, _pool(x), name="cifar_resnet18")
 
 
-def _build_small_convnet(input_shape, sync: bool) -> keras.Model:
-    """Tiny 4-layer convnet (32-64-128-256, strides 1-2-2-2) for fast CPU runs, F = 256."""
+SMALL_CONVNET_WIDTHS = (32, 64, 128, 256)
+
+
+def _build_small_convnet(input_shape, sync: bool, widths=None) -> keras.Model:
+    """Tiny 4-layer convnet (widths 32-64-128-256, strides 1-2-2-2) for fast CPU runs.
+
+    F = the last width (256).
+    """
+    widths = tuple(int(w) for w in (widths or SMALL_CONVNET_WIDTHS))
+    if len(widths) != 4 or min(widths) < 1:
+        raise ValueError(f"small_convnet takes 4 positive widths, got {list(widths)}")
     inputs = _input(input_shape)
     x = inputs
-    for i, (filters, stride) in enumerate(zip([32, 64, 128, 256], [1, 2, 2, 2])):
+    for i, (filters, stride) in enumerate(zip(widths, [1, 2, 2, 2])):
         x = _conv_bn(x, filters, 3, stride, f"conv{i + 1}", f"bn{i + 1}", sync)
     return keras.Model(inputs, _pool(x), name="small_convnet")
 
@@ -222,6 +231,7 @@ def build_backbone(
     name: str,
     input_shape: Optional[Tuple[int, int, int]] = None,
     sync_batchnorm: bool = False,
+    widths: Optional[Sequence[int]] = None,
 ) -> keras.Model:
     """Build a backbone mapping images ``[B, H, W, C]`` to features ``[B, F]``.
 
@@ -232,6 +242,8 @@ def build_backbone(
         (224x224x3, 32x32x3 and 28x28x1 respectively).
       sync_batchnorm: use ``BatchNormalization(synchronized=True)`` so batch
         statistics are computed over the global batch in multi-device runs.
+      widths: ``small_convnet``'s four conv widths (F = the last); ``None``: its
+        default.  The ResNets have fixed widths.
 
     Raises:
       ValueError: if ``name`` is not a known backbone.
@@ -241,6 +253,10 @@ def build_backbone(
             f"Unknown backbone {name!r}; known backbones: {', '.join(BACKBONE_NAMES)}"
         )
     builder, default_shape = _BACKBONES[name]
+    if widths is not None:
+        if name != "small_convnet":
+            raise ValueError(f"widths apply to small_convnet only, not {name!r}")
+        return builder(input_shape or default_shape, sync=bool(sync_batchnorm), widths=widths)
     return builder(input_shape or default_shape, sync=bool(sync_batchnorm))
 
 

@@ -42,6 +42,7 @@ DEFAULTS = {
     },
     "model": {
         "backbone": "small_convnet",  # small_convnet | cifar_resnet18 | resnet50
+        "widths": None,            # small_convnet's 4 conv widths (None: 32, 64, 128, 256)
         "projector_hidden": 2048,
         "embedding_dim": 256,
         "sync_batchnorm": None,    # None: synchronized BatchNorm exactly when replicas > 1
@@ -91,7 +92,8 @@ DEFAULTS = {
 }
 
 # Keys whose default is None, with the type a given value must have.
-_DERIVED_TYPES = {("train", "learning_rate"): float, ("model", "sync_batchnorm"): bool}
+_DERIVED_TYPES = {("train", "learning_rate"): float, ("model", "sync_batchnorm"): bool,
+                  ("model", "widths"): list}
 
 
 def _check_type(path, value, default):

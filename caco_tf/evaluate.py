@@ -2,7 +2,7 @@
 
     python -m caco_tf.evaluate knn    --run RUN_DIR [--data SOURCE] [--json OUT]
     python -m caco_tf.evaluate linear --run RUN_DIR [--data SOURCE] [--json OUT]
-                                      [--epochs 100] [--lr 0.03] [--augment none|imagenet] ...
+                                      [--epochs 100] [--lr 0.03] [--augment none|imagenet|digits] ...
     python -m caco_tf.evaluate linear --pixels [--data mnist]      # raw-pixel baseline
 
 SOURCE: nothing (the run's own training images against its held-out split, from its
@@ -157,8 +157,9 @@ def parse_args(argv):
     linear_group.add_argument("--momentum", type=float, default=0.9)
     linear_group.add_argument("--weight-decay", type=float, default=0.0)
     linear_group.add_argument("--augment", choices=linear.AUGMENTATIONS, default="none",
-                              help="training views: none (features cached once) or imagenet "
-                                   "(RandomResizedCrop + flip)")
+                              help="training views: none (features cached once), imagenet "
+                                   "(RandomResizedCrop + flip) or digits (a mild random affine, "
+                                   "no flip)")
     linear_group.add_argument("--no-standardize", action="store_true",
                               help="no BatchNormalization (without scale/offset) before Dense")
     return parser.parse_args(argv)

@@ -6,8 +6,11 @@ default) and reported with ``model.evaluate`` as top-1 and top-5.  Two paths:
 - no training augmentation (the default): the frozen features are computed once, in inference
   mode, and the classifier trains on the cached features: the same as training it on top of
   the frozen backbone, hundreds of times faster;
-- ``augment="imagenet"``, the ImageNet recipe: every epoch sees fresh RandomResizedCrop + flip
-  views through the frozen backbone (inference mode, so its BatchNorm statistics stay fixed).
+- with training augmentation, every epoch sees fresh views through the frozen backbone
+  (inference mode, so its BatchNorm statistics stay fixed): ``augment="imagenet"``, the
+  ImageNet recipe (RandomResizedCrop + flip); ``augment="digits"``, its analogue for digits,
+  where a flip changes the class: a mild random crop, rotation, shear and shift
+  (``DIGIT_AFFINE``, one bilinear resample, as the pre-training views).
 
 Test images (and training images without augmentation) are prepared as everywhere else
 (``caco_tf.data.eval_dataset``, the exported model's preprocessing): images at the model's
@@ -26,9 +29,13 @@ import warnings
 import keras
 import tensorflow as tf
 
+from caco_tf import augment as augment_lib
 from caco_tf import data, evaluation, export
 
-AUGMENTATIONS = ("none", "imagenet")
+AUGMENTATIONS = ("none", "imagenet", "digits")
+# The digits' training views: milder than pre-training's (crop area 0.3-1, rotation 15°), as
+# the ImageNet recipe drops the pre-training's colour ops and keeps crop and flip.
+DIGIT_AFFINE = dict(scale=(0.6, 1.0), rotation=10.0, shear=0.1, translate=0.1)
 
 
 class Preprocessing:
@@ -43,12 +50,16 @@ class Preprocessing:
         return ((tf.cast(images, tf.float32) - tf.constant(self.mean, tf.float32))
                 / tf.constant(self.std, tf.float32))
 
-    def train(self, image, seed):
-        """ImageNet training transform of one uint8 image: RandomResizedCrop(S) + flip."""
+    def train(self, image, seed, augment="imagenet"):
+        """The training transform of one uint8 image (``augment``: imagenet or digits)."""
         crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         image = data.to_unit_float(image)
-        image = random_resized_crop(image, crop_seed, self.image_size)
-        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+        if augment == "digits":
+            image = tf.image.resize(image, [self.image_size, self.image_size])
+            image = augment_lib.random_affine(image[None], crop_seed, **DIGIT_AFFINE)[0]
+        else:  # ImageNet: RandomResizedCrop(S) + flip
+            image = random_resized_crop(image, crop_seed, self.image_size)
+            image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         return self.normalize(image)
 
 
@@ -106,7 +117,8 @@ def linear_evaluation(backbone, train, test, num_classes, preprocessing, epochs=
             backbone, train, test, preprocessing, batch_size, seed)
         classifier = head
     else:
-        train_data, train_count = _augmented_images(train, preprocessing, batch_size, seed)
+        train_data, train_count = _augmented_images(train, preprocessing, batch_size, seed,
+                                                    augment)
         test_data, test_count = eval_batches(test, preprocessing, batch_size), len(test)
         classifier = _frozen_classifier(backbone, head, preprocessing)
     steps = epochs * math.ceil(train_count / batch_size)
@@ -148,14 +160,15 @@ def decoded_examples(source, channels):
     return dataset
 
 
-def _augmented_images(source, preprocessing, batch_size, seed, shuffle_buffer=10_000):
+def _augmented_images(source, preprocessing, batch_size, seed, augment,
+                      shuffle_buffer=10_000):
     """Fresh views every epoch: per-example seeds from a stream re-randomized each epoch."""
     count = len(source)
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
     dataset = decoded_examples(source, preprocessing.channels).shuffle(
         min(count, shuffle_buffer), seed=seed, reshuffle_each_iteration=True)
     dataset = tf.data.Dataset.zip(dataset, seeds).map(
-        lambda example, pair: (preprocessing.train(example[0], pair), example[1]),
+        lambda example, pair: (preprocessing.train(example[0], pair, augment), example[1]),
         num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE), count
 

@@ -62,7 +62,7 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
     # Multi-crop feeds crops of two sizes: the backbone takes any size.
     backbone = backbones.build_backbone(
         model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
-        sync_batchnorm=sync)
+        sync_batchnorm=sync, widths=model_config["widths"])
     projector = backbones.build_projector(
         backbone.output_shape[-1], model_config["projector_hidden"],
         model_config["embedding_dim"], sync_batchnorm=sync)

@@ -55,6 +55,16 @@ def test_small_backbones_output_shape(name, shape, feat_dim):
     assert model.name == name
 
 
+def test_small_convnet_widths_set_the_feature_dim_and_are_checked():
+    model = build_backbone("small_convnet", widths=[16, 32, 64, 96])
+    assert tuple(model(_images((28, 28, 1)), training=False).shape) == (2, 96)
+    assert model.get_layer("conv1").filters == 16
+    with pytest.raises(ValueError, match="4 positive widths"):
+        build_backbone("small_convnet", widths=[16, 32])
+    with pytest.raises(ValueError, match="small_convnet only"):
+        build_backbone("cifar_resnet18", widths=[16, 32, 64, 96])
+
+
 def test_default_input_shapes():
     assert build_backbone("small_convnet").input_shape == (None, 28, 28, 1)
     assert build_backbone("cifar_resnet18").input_shape == (None, 32, 32, 3)

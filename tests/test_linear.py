@@ -47,6 +47,23 @@ def test_train_transform_flips_some_images_and_normalizes():
     assert 0 < flipped < 20
 
 
+def test_digit_train_transform_never_flips_and_moves_the_strokes():
+    # A vertical bar left of centre: a flip would put it right of centre; the mild affine
+    # (DIGIT_AFFINE: shift ≤ 10 %, crop ≥ 60 % of the area, rotation ≤ 10°) never does.
+    preprocessing = linear.Preprocessing(28, 1, 0.0, 1.0)
+    image = np.zeros((28, 28, 1), np.uint8)
+    image[6:22, 8:10] = 255
+    views = [preprocessing.train(tf.constant(image), tf.constant([seed, 0], tf.int64),
+                                 "digits").numpy() for seed in range(20)]
+    for view in views:
+        assert view.shape == (28, 28, 1) and 0.0 <= view.min() and view.max() <= 1.0 + 1e-6
+        columns = np.nonzero(view[..., 0].sum(0) > 0.5)[0]
+        assert columns.mean() < 13.5  # still left of centre
+    assert len({v.tobytes() for v in views}) == 20  # a fresh view per seed
+    again = preprocessing.train(tf.constant(image), tf.constant([0, 0], tf.int64), "digits")
+    np.testing.assert_array_equal(again.numpy(), views[0])
+
+
 def test_test_transform_resizes_the_shorter_side_then_centre_crops():
     # The ImageNet test transform (256 → 224) at a tiny size: S = 7, shorter side → 8.
     rng = np.random.default_rng(0)
