@@ -361,7 +361,7 @@ def _rate(value):
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
-def section(results, matmul, args, argv, wall_s):
+def section(results, matmul, args, argv, wall_s, pending=()):
     if "tensorflow" not in matmul:  # the matmul process failed: ask this one
         import keras
         import tensorflow as tf
@@ -415,6 +415,9 @@ def section(results, matmul, args, argv, wall_s):
         lines += ["", f"Load average (1 min) over the run: {min(min(l) for l in loads):.1f} to "
                       f"{max(max(l) for l in loads):.1f} on {cpu_count()} cores; figures taken "
                       "under other jobs' load are low and noisy."]
+    if pending:
+        lines += ["", f"**Partial: the run was still going when this was written; not yet "
+                      f"measured: {', '.join(pending)}.**"]
     if args.steps < 20:
         lines += ["", f"Only {args.steps} timed steps per figure: below the 20 the issue asks."]
     if args.note:
@@ -599,6 +602,11 @@ def main(argv=None):
         print(f"{name}: {d['step']:.3f} s/step (median of {args.steps}), "
               f"{d['images_per_s']:,.1f} images/s, peak RSS {_gb(result['peak_rss_mb'])} GB "
               f"({result['wall_s']:.0f} s)", flush=True)
+        if output and len(results) < len(names):
+            # A long run (hours for the ResNet-50 rows) keeps what it has measured so far.
+            partial = section(results, matmul, args, argv, time.perf_counter() - start,
+                              pending=names[len(results):])
+            _report.write_section(partial, output, BEGIN, END, TITLE)
     text = section(results, matmul, args, argv, time.perf_counter() - start)
     print(text)
     if output:
