@@ -80,6 +80,9 @@ def parse_args(argv=None):
                         help="run folders and the cache (default: runs/ablation)")
     parser.add_argument("--output", default=os.path.join(REPO, "RESULTS.md"),
                         help="the Markdown report (default: RESULTS.md)")
+    parser.add_argument("--notes", default=os.path.join(REPO, "benchmarks", "ablation_notes.md"),
+                        help="hand-written Markdown appended to the report when the file exists "
+                             "(default: benchmarks/ablation_notes.md; what was tried, caveats)")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from the cache, train nothing")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
@@ -296,7 +299,9 @@ def write_report(args, cache, resolved, tag, path):
     times = [e["train_seconds"] for e in cache["runs"].values()
              if "train_seconds" in e and not e.get("resumed")]
     train, caco = resolved["train"], resolved["caco"]
-    command = " ".join(["python", "benchmarks/ablation.py"] + sys.argv[1:])
+    # The command that trains these runs: --report-only only rewrites this file.
+    command = " ".join(["python", "benchmarks/ablation.py"]
+                       + [arg for arg in sys.argv[1:] if arg != "--report-only"])
     lines = [
         "# Positives, negatives, or both? The paper's ablation on the offline MNIST split",
         "",
@@ -354,6 +359,9 @@ def write_report(args, cache, resolved, tag, path):
                 linear = f"{entry['linear_top1']:.1f}" if "linear_top1" in entry else "–"
                 lines.append(f"| {NAMES[setting]} | {seed} | {entry['knn_top1']:.1f} | "
                              f"{linear} | {entry.get('train_seconds', '–')} |")
+    if args.notes and os.path.exists(args.notes):
+        with open(args.notes) as handle:
+            lines += ["", handle.read().strip()]
     with open(path, "w") as handle:
         handle.write("\n".join(lines) + "\n")
 
