@@ -385,7 +385,7 @@ def section(results, matmul, args, argv, wall_s, pending=()):
         lines += ["**Quick mode (`--quick`): tiny backbone, images, batches and banks; a smoke "
                   "test, not the benchmark.**", ""]
     lines += [
-        f"`{command_line(argv)}` — {datetime.date.today()}, {cpu}, {cpu_count()} CPU cores "
+        f"`{command_line(argv, args.only or None)}` — {datetime.date.today()}, {cpu}, {cpu_count()} CPU cores "
         f"(`nproc`)" + (f", {memory:.0f} GiB memory" if memory else "") + f", "
         f"{gpus or 'no'} GPU{'s' if gpus != 1 else ''}, TensorFlow {matmul['tensorflow']}, Keras "
         f"{matmul['keras']}; threads: intra-op {thread.get('intra_op')}, inter-op "
