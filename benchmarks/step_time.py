@@ -58,7 +58,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _report import cpu_count  # noqa: E402
 import _report  # noqa: E402
 
 TITLE = "## Train-step time and the cost of the learned bank"
@@ -313,7 +312,6 @@ def summary(result, peak_flops):
     return out
 
 
-
 def machine():
     model, memory = platform.processor() or platform.machine(), None
     try:
@@ -385,8 +383,9 @@ def section(results, matmul, args, argv, wall_s, pending=()):
         lines += ["**Quick mode (`--quick`): tiny backbone, images, batches and banks; a smoke "
                   "test, not the benchmark.**", ""]
     lines += [
-        f"`{command_line(argv, args.only or None)}` — {datetime.date.today()}, {cpu}, {cpu_count()} CPU cores "
-        f"(`nproc`)" + (f", {memory:.0f} GiB memory" if memory else "") + f", "
+        f"`{command_line(argv, args.only or None)}` — {datetime.date.today()}, {cpu}, "
+        f"{_report.cpu_count()} CPU cores (`nproc`)"
+        + (f", {memory:.0f} GiB memory" if memory else "") + f", "
         f"{gpus or 'no'} GPU{'s' if gpus != 1 else ''}, TensorFlow {matmul['tensorflow']}, Keras "
         f"{matmul['keras']}; threads: intra-op {thread.get('intra_op')}, inter-op "
         f"{thread.get('inter_op')} (0: TensorFlow's default, from the cores)"
@@ -413,8 +412,8 @@ def section(results, matmul, args, argv, wall_s, pending=()):
     ]
     if loads:
         lines += ["", f"Load average (1 min) over the run: {min(min(l) for l in loads):.1f} to "
-                      f"{max(max(l) for l in loads):.1f} on {cpu_count()} cores; figures taken "
-                      "under other jobs' load are low and noisy."]
+                      f"{max(max(l) for l in loads):.1f} on {_report.cpu_count()} cores; "
+                      "figures taken under other jobs' load are low and noisy."]
     if pending:
         lines += ["", f"**Partial: the run was still going when this was written; not yet "
                       f"measured: {', '.join(pending)}.**"]
@@ -547,7 +546,6 @@ def scaling_lines(done, derived):
     lines += ["", f"Goal, growth no worse than linear in K: bank part's time "
                   f"{'met' if time_linear else '**missed**'}; peak memory {memory}."]
     return lines
-
 
 
 def parse_args(argv):

@@ -253,11 +253,12 @@ def build_backbone(
             f"Unknown backbone {name!r}; known backbones: {', '.join(BACKBONE_NAMES)}"
         )
     builder, default_shape = _BACKBONES[name]
+    options = {}
     if widths is not None:
         if name != "small_convnet":
             raise ValueError(f"widths apply to small_convnet only, not {name!r}")
-        return builder(input_shape or default_shape, sync=bool(sync_batchnorm), widths=widths)
-    return builder(input_shape or default_shape, sync=bool(sync_batchnorm))
+        options["widths"] = widths
+    return builder(input_shape or default_shape, sync=bool(sync_batchnorm), **options)
 
 
 def build_projector(
