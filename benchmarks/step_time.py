@@ -153,30 +153,30 @@ def bank_functions(tf, model, jit):
     def caco_bank(query1, query2, key1, key2):
         bank = tf.convert_to_tensor(model.bank)
         bank_unit = losses.l2_normalize(bank)
-        positive1 = losses.most_probable_positive(key2, bank_unit)
-        positive2 = losses.most_probable_positive(key1, bank_unit)
+        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+        queries = tf.concat([query1, query2], 0)
         with tf.GradientTape() as tape:
-            tape.watch([query1, query2])
-            loss = model._caco_loss(query1, query2, bank_unit, positive1, positive2)
-        query_gradients = tape.gradient(loss, [query1, query2])
-        gradient = (
-            bank_lib.cooperative_adversarial_gradient(query1, bank, positive1,
-                                                      model.bank_temperature)
-            + bank_lib.cooperative_adversarial_gradient(query2, bank, positive2,
-                                                        model.bank_temperature))
+            tape.watch(queries)
+            similarity = losses.bank_logits(queries, bank_unit, 1.0)
+            loss = 2.0 * tf.reduce_mean(losses.caco_loss_of_similarity(
+                similarity, positive_index, model.temperature))
+        query_gradient = tape.gradient(loss, queries)
+        gradient = bank_lib.cooperative_adversarial_gradient(
+            queries, bank, positive_index, model.bank_temperature, views=2,
+            similarity=similarity)
         new_bank, new_velocity = bank_lib.momentum_step(
-            bank, model.bank_velocity, gradient, 3.0, model.bank_momentum)
+            bank, tf.convert_to_tensor(model.bank_velocity), gradient, 3.0, model.bank_momentum)
         model.bank.assign(new_bank)
         model.bank_velocity.assign(new_velocity)
-        result = loss + tf.add_n([tf.reduce_sum(g) for g in query_gradients])
-        return result, bank_unit, positive1, positive2, loss
+        result = loss + tf.reduce_sum(query_gradient)
+        return result, queries, bank_unit, positive_index, loss
 
     def algorithm(query1, query2, key1, key2):
         return caco_bank(query1, query2, key1, key2)[0]
 
     def with_diagnostics(query1, query2, key1, key2):
-        result, bank_unit, positive1, positive2, loss = caco_bank(query1, query2, key1, key2)
-        model._track(loss, query1, query2, key1, key2, bank_unit, positive1, positive2,
+        result, queries, bank_unit, positive_index, loss = caco_bank(query1, query2, key1, key2)
+        model._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
                      tf.constant(0.03), tf.constant(3.0))
         return result
 

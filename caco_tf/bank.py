@@ -16,39 +16,51 @@ import tensorflow as tf
 from caco_tf import losses
 
 
-def cooperative_adversarial_gradient(queries, bank, positive_index, temperature):
-    """The sign-flipped CaCo gradient for the raw bank rows, averaged over the queries.
+# XLA fuses the element-wise passes over the K×D bank (normalization and its backward pass, the
+# momentum update) that otherwise each read and write it in full; see README "Performance".
+@tf.function(jit_compile=True)
+def cooperative_adversarial_gradient(queries, bank, positive_index, temperature, views=1,
+                                     similarity=None):
+    """The sign-flipped CaCo gradient for the raw bank rows: a batch mean per view, views summed.
 
     Args:
-      queries: [N, D] query embeddings with unit rows (z).
+      queries: [N, D] query embeddings with unit rows (z), ``views`` views stacked
+        ([z¹; z²] for the two-view step).
       bank: [K, D] raw bank rows (b_j, any norm).
       positive_index: [N] int, the MPP index j+ of each query.
       temperature: the bank-update temperature τ.
+      views: how many views ``queries`` stacks; each view's rows are averaged, views summed.
+      similarity: [N, K] z·b̂_jᵀ if the caller has it (the loss's forward pass does), so that
+        the bank is not multiplied by the queries a second time.
 
     Returns:
       [K, D] direction g such that ``bank - lr * g`` is the paper's update before momentum.
     """
     queries = tf.stop_gradient(tf.cast(queries, tf.float32))
-    bank = tf.convert_to_tensor(bank, tf.float32)
-    positive_index = tf.convert_to_tensor(positive_index, tf.int32)
+    bank = tf.cast(bank, tf.float32)
     with tf.GradientTape() as tape:
         tape.watch(bank)  # the bank is a non-trainable variable: the tape must be told
-        logits = losses.bank_logits(queries, losses.l2_normalize(bank), temperature)
+        bank_unit = losses.l2_normalize(bank)
+    if similarity is None:
+        similarity = tf.matmul(queries, bank_unit, transpose_b=True)
+    logits = tf.stop_gradient(tf.cast(similarity, tf.float32)) / temperature
     # d loss / d logits = p - onehot(j+).  Flipping the sign of every non-MPP entry gives
     # (p - 1) at j+ and -p elsewhere: descent for the positive, ascent for the negatives.
-    positive = tf.one_hot(positive_index, tf.shape(bank)[0], dtype=tf.float32)
-    probs = tf.nn.softmax(logits, axis=-1)
-    flipped = (probs - positive) * (2.0 * positive - 1.0)
-    batch = tf.cast(tf.shape(queries)[0], tf.float32)
-    # Back-propagating through the normalization yields T_j z for each row.
-    return tape.gradient(logits, bank, output_gradients=flipped / batch)
+    positive = tf.one_hot(tf.cast(positive_index, tf.int32), tf.shape(bank)[0], dtype=tf.float32)
+    flipped = (tf.nn.softmax(logits, axis=-1) - positive) * (2.0 * positive - 1.0)
+    per_view = tf.cast(tf.shape(queries)[0] // views, tf.float32)
+    # d loss / d b̂_j = Σ_n flipped_nj z_n / τ; back through the normalization it becomes T_j z.
+    unit_gradient = tf.matmul(flipped / (temperature * per_view), queries, transpose_a=True)
+    return tape.gradient(bank_unit, bank, output_gradients=unit_gradient)
 
 
+@tf.function(jit_compile=True)
 def momentum_step(bank, velocity, gradient, learning_rate, momentum):
     """SGD with momentum as PyTorch does it (no dampening, no weight decay).
 
     v ← μ v + g ;  b ← b - η v.  Returns (new_bank, new_velocity).
     """
+    bank, velocity, gradient = (tf.cast(x, tf.float32) for x in (bank, velocity, gradient))
     velocity = momentum * velocity + gradient
     return bank - learning_rate * velocity, velocity
 

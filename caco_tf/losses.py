@@ -41,8 +41,14 @@ def caco_loss(queries, bank_unit, positive_index, temperature):
     The bank is the sole source of positives and negatives; its gradient is not taken here
     (the bank has its own cooperative-adversarial update, see ``caco_tf.bank``).
     """
-    logits = bank_logits(queries, tf.stop_gradient(bank_unit), temperature)
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=positive_index, logits=logits)
+    return caco_loss_of_similarity(
+        bank_logits(queries, tf.stop_gradient(bank_unit), 1.0), positive_index, temperature)
+
+
+def caco_loss_of_similarity(similarity, positive_index, temperature):
+    """Eq. (caco) from the similarities z·b̂_jᵀ [N, K] (a step shares them with the bank's update)."""
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=positive_index, logits=tf.cast(similarity, tf.float32) / temperature)
 
 
 def moco_loss(queries, keys, negatives_unit, temperature):

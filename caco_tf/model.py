@@ -185,28 +185,28 @@ class CaCo(keras.Model):
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()  # this step's, before the update
 
-        # 1. Keys and their Most Probable Positives, from the pre-step bank.
+        # 1. Keys and their Most Probable Positives, from the pre-step bank.  Each view is
+        #    trained towards the MPP of the other view's key; the views are stacked [view 1;
+        #    view 2] from here on, so that every product with the K×D bank is taken once.
         key1, key2 = self._keys(view1, view2, training=True)
         bank = tf.convert_to_tensor(self.bank)
         bank_unit = losses.l2_normalize(bank)
-        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
-        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
+        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
 
         # 2. The encoder descends the symmetric CaCo loss.
-        loss, query1, query2 = self._encoder_step(
-            view1, view2, lambda query1, query2: self._caco_loss(
-                query1, query2, bank_unit, positive_for_view1, positive_for_view2))
+        loss, queries, similarity = self._caco_encoder_step(view1, view2, bank_unit,
+                                                            positive_index)
 
         # 3. The bank's cooperative-adversarial step, from the same queries and bank.
-        bank_lr = self._bank_step(bank, self._two_view_bank_gradient(
-            query1, query2, bank, positive_for_view1, positive_for_view2), step,
-            tf.shape(query1)[0])
+        bank_lr = self._bank_step(bank, bank_lib.cooperative_adversarial_gradient(
+            queries, bank, positive_index, self.bank_temperature, views=2,
+            similarity=similarity), step, tf.shape(view1)[0])
 
         # 4. The key encoder follows the query encoder.
         self._update_key_encoder(step)
 
-        self._track(loss, query1, query2, key1, key2, bank_unit,
-                    positive_for_view1, positive_for_view2, learning_rate, bank_lr)
+        self._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
+                    learning_rate, bank_lr)
         self._probe_step(data, view1)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
 
@@ -230,11 +230,9 @@ class CaCo(keras.Model):
         key1, key2 = self._keys(global1, global2, training=True)
         bank = tf.convert_to_tensor(self.bank)
         bank_unit = losses.l2_normalize(bank)
-        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
-        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
+        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
         # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
-        local_positives = tf.tile(tf.concat([positive_for_view1, positive_for_view2], 0),
-                                  [len(local)])
+        local_positives = tf.tile(positive_index, [len(local)])
 
         with tf.GradientTape() as tape:
             query1 = self.query_encoder(global1, training=True)
@@ -243,25 +241,24 @@ class CaCo(keras.Model):
                 [tf.concat([query, query], 0) for query in
                  (self.query_encoder(crop, training=True) for crop in local)], 0) if local \
                 else None
-            loss = self._caco_loss(query1, query2, bank_unit, positive_for_view1,
-                                   positive_for_view2)
+            queries = tf.concat([query1, query2], 0)
+            loss = 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
+                                                         self.temperature))
             if local:
                 loss += 2.0 * tf.reduce_mean(losses.caco_loss(
                     local_queries, bank_unit, local_positives, self.temperature))
-            scaled_loss = self._scale_loss(loss)
-        variables = self.query_encoder.trainable_variables
-        self.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
+        self._descend(tape, loss)
 
-        gradient = self._two_view_bank_gradient(query1, query2, bank, positive_for_view1,
-                                                positive_for_view2)
+        gradient = bank_lib.cooperative_adversarial_gradient(
+            queries, bank, positive_index, self.bank_temperature, views=2)
         if local:
             gradient += 2.0 * bank_lib.cooperative_adversarial_gradient(
                 local_queries, bank, local_positives, self.bank_temperature)
         bank_lr = self._bank_step(bank, gradient, step, tf.shape(query1)[0])
         self._update_key_encoder(step)
 
-        self._track(loss, query1, query2, key1, key2, bank_unit,
-                    positive_for_view1, positive_for_view2, learning_rate, bank_lr)
+        self._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
+                    learning_rate, bank_lr)
         self._probe_step(data, global1)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
 
@@ -286,10 +283,9 @@ class CaCo(keras.Model):
         distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
         self._update_key_encoder(step)
 
-        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
-        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
-        self._track(loss, query1, query2, key1, key2, bank_unit,
-                    positive_for_view1, positive_for_view2, learning_rate, tf.constant(0.0))
+        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+        self._track(loss, tf.concat([query1, query2], 0), tf.concat([key1, key2], 0), bank_unit,
+                    positive_index, learning_rate, tf.constant(0.0))
         self._probe_step(data, view1)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
 
@@ -297,15 +293,14 @@ class CaCo(keras.Model):
         """The CaCo loss and diagnostics without any update (encoders in inference mode)."""
         view1, view2 = _views(data)
         key1, key2 = self._keys(view1, view2, training=False)
-        query1 = self.query_encoder(view1, training=False)
-        query2 = self.query_encoder(view2, training=False)
+        queries = tf.concat([self.query_encoder(view1, training=False),
+                             self.query_encoder(view2, training=False)], 0)
         bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
-        positive_for_view1 = losses.most_probable_positive(key2, bank_unit)
-        positive_for_view2 = losses.most_probable_positive(key1, bank_unit)
-        loss = self._caco_loss(query1, query2, bank_unit, positive_for_view1,
-                               positive_for_view2)
-        self._track(loss, query1, query2, key1, key2, bank_unit, positive_for_view1,
-                    positive_for_view2, self._encoder_learning_rate(),
+        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+        loss = 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
+                                                     self.temperature))
+        self._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
+                    self._encoder_learning_rate(),
                     self.bank_learning_rate(self.optimizer.iterations))
         self._probe_step(data, view1, learn=False)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
@@ -315,20 +310,21 @@ class CaCo(keras.Model):
         return (self.key_encoder(view1, training=training),
                 self.key_encoder(view2, training=training))
 
-    def _caco_loss(self, query1, query2, bank_unit, positive_for_view1, positive_for_view2):
-        """Eq. (caco), symmetrized: each view's query against the other view's MPP."""
-        return (tf.reduce_mean(losses.caco_loss(query1, bank_unit, positive_for_view1,
-                                                self.temperature))
-                + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive_for_view2,
-                                                  self.temperature)))
+    def _caco_encoder_step(self, view1, view2, bank_unit, positive_index):
+        """Eq. (caco), symmetrized, and one optimizer step on the query encoder.
 
-    def _two_view_bank_gradient(self, query1, query2, bank, positive_for_view1,
-                                positive_for_view2):
-        """Eq. real_update's direction for both views: a batch mean per view, the views summed."""
-        return (bank_lib.cooperative_adversarial_gradient(query1, bank, positive_for_view1,
-                                                          self.bank_temperature)
-                + bank_lib.cooperative_adversarial_gradient(query2, bank, positive_for_view2,
-                                                            self.bank_temperature))
+        The queries are stacked [z¹; z²] against ``positive_index`` [j+(k²); j+(k¹)]: the loss
+        is the sum over the two views of each view's mean.  Returns (loss, queries, similarity
+        z·b̂ᵀ), the similarity for the bank's step, which needs the same product.
+        """
+        with tf.GradientTape() as tape:
+            queries = tf.concat([self.query_encoder(view1, training=True),
+                                 self.query_encoder(view2, training=True)], 0)
+            similarity = losses.bank_logits(queries, tf.stop_gradient(bank_unit), 1.0)
+            loss = 2.0 * tf.reduce_mean(losses.caco_loss_of_similarity(
+                similarity, positive_index, self.temperature))
+        self._descend(tape, loss)
+        return loss, queries, similarity
 
     def _bank_step(self, bank, gradient, step, local_batch):
         """Average the bank's gradient over the global batch, take the SGD-momentum step on the
@@ -336,7 +332,7 @@ class CaCo(keras.Model):
         gradient = distribute.global_mean(gradient, local_batch)
         bank_lr = self.bank_learning_rate(step)
         new_bank, new_velocity = bank_lib.momentum_step(
-            bank, self.bank_velocity, gradient, bank_lr, self.bank_momentum)
+            bank, tf.convert_to_tensor(self.bank_velocity), gradient, bank_lr, self.bank_momentum)
         distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
         return bank_lr
 
@@ -346,10 +342,15 @@ class CaCo(keras.Model):
             query1 = self.query_encoder(view1, training=True)
             query2 = self.query_encoder(view2, training=True)
             loss = loss_of_queries(query1, query2)
+        self._descend(tape, loss)
+        return loss, query1, query2
+
+    def _descend(self, tape, loss):
+        """One optimizer step of the query encoder down ``loss``, recorded on ``tape``."""
+        with tape:
             scaled_loss = self._scale_loss(loss)
         variables = self.query_encoder.trainable_variables
         self.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
-        return loss, query1, query2
 
     def _scale_loss(self, loss):
         # Keras sums gradients over replicas: each replica contributes its share of the mean.
@@ -365,18 +366,16 @@ class CaCo(keras.Model):
         distribute.assign_in_sync(
             keys, [momentum * k + (1.0 - momentum) * q for k, q in zip(keys, queries)])
 
-    def _track(self, loss, query1, query2, key1, key2, bank_unit, positive1, positive2,
-               learning_rate, bank_lr):
+    def _track(self, loss, queries, keys, bank_unit, positive_index, learning_rate, bank_lr):
+        """The step's diagnostics; ``queries``, ``keys`` and ``positive_index`` stack both views."""
         self.loss_tracker.update_state(loss)
-        self.contrast_top1.update_state(0.5 * (
-            losses.contrast_accuracy(query1, bank_unit, positive1)
-            + losses.contrast_accuracy(query2, bank_unit, positive2)))
-        self.positive_probability.update_state(tf.reduce_mean(tf.concat([
-            losses.max_positive_probability(key1, bank_unit, self.temperature),
-            losses.max_positive_probability(key2, bank_unit, self.temperature)], axis=0)))
+        self.contrast_top1.update_state(
+            losses.contrast_accuracy(queries, bank_unit, positive_index))
+        self.positive_probability.update_state(tf.reduce_mean(
+            losses.max_positive_probability(keys, bank_unit, self.temperature)))
         # How many bank rows serve as someone's positive (a collapse shows up here first).
         used = tf.math.unsorted_segment_max(
-            tf.ones_like(positive1), positive1, tf.shape(bank_unit)[0])
+            tf.ones_like(positive_index), positive_index, tf.shape(bank_unit)[0])
         self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
         self.bank_norm.update_state(tf.reduce_mean(tf.norm(self.bank, axis=-1)))
         self.lr_tracker.update_state(learning_rate)
