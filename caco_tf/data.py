@@ -494,14 +494,15 @@ def _labelled(source):
     return labels.astype(np.int64)
 
 
-def num_classes(source):
-    """The class count of a labelled source's labels: TFDS metadata, its class folders, else
-    the largest label + 1."""
+def num_classes(source, *others):
+    """The class count of a labelled source: TFDS metadata, its class folders, else the
+    largest label + 1 over it and any ``others`` (e.g. its held-out split)."""
     labels = _labelled(source)
     if isinstance(source, TFDSSource):
         return int(source.builder.info.features[source.label_key].num_classes)
     if getattr(source, "class_names", ()):
         return len(source.class_names)
+    labels = np.concatenate([labels.ravel()] + [_labelled(o).ravel() for o in others])
     return int(labels.max()) + 1 if labels.size else 0
 
 

@@ -24,8 +24,6 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
-import numpy as np  # noqa: E402
-
 from caco_tf import data, evaluation, linear, pretrain  # noqa: E402
 from caco_tf.config import DEFAULTS, ConfigError, load_config  # noqa: E402
 
@@ -66,7 +64,7 @@ def load_labelled_data(spec, config):
                              f"--data mnist or --data tfds:NAME")
     train, held_out = (_with_channels(source, settings["channels"])
                        for source in (train, held_out))
-    return LabelledData(spec, train, held_out, num_classes(train, held_out))
+    return LabelledData(spec, train, held_out, data.num_classes(train, held_out))
 
 
 def _with_channels(source, channels):
@@ -75,15 +73,6 @@ def _with_channels(source, channels):
         return data.ArraySource(data.convert_array_channels(source.images, channels),
                                 source.labels, name=source.name)
     return source
-
-
-def num_classes(train, held_out):
-    """The class count: from TFDS metadata, class folders, or the largest label + 1."""
-    if getattr(train, "label_key", None):  # TFDS
-        return int(train.builder.info.features[train.label_key].num_classes)
-    if getattr(train, "class_names", ()):
-        return len(train.class_names)
-    return int(max(np.max(train.labels), np.max(held_out.labels))) + 1
 
 
 def preprocessing_for(config, pixels=False):

@@ -72,6 +72,33 @@ def test_each_row_is_tangent_to_its_unit_row(problem):
     assert np.all(np.linalg.norm(got, axis=-1) > 1e-6)
 
 
+def test_stacked_views_are_a_mean_per_view_summed(problem):
+    """views=2: the two-view step's single call equals one call per view, summed."""
+    queries, bank, positive_index = problem
+    rng = np.random.default_rng(2)
+    other = _unit(rng.normal(size=queries.shape))
+    other_index = np.array([2, 2, 5, 7, 0, 1])
+    got = bank_lib.cooperative_adversarial_gradient(
+        np.concatenate([queries, other]), bank, np.concatenate([positive_index, other_index]),
+        0.08, views=2).numpy()
+    expected = (closed_form(queries, bank, positive_index, 0.08)
+                + closed_form(other, bank, other_index, 0.08))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_given_similarity_replaces_the_product_with_the_bank(problem):
+    queries, bank, positive_index = problem
+    similarity = queries @ _unit(bank).T
+    got = bank_lib.cooperative_adversarial_gradient(queries, bank, positive_index, 0.08,
+                                                    similarity=similarity).numpy()
+    np.testing.assert_allclose(got, closed_form(queries, bank, positive_index, 0.08),
+                               rtol=1e-4, atol=1e-6)
+    # It is used as given: another similarity gives another gradient.
+    shifted = bank_lib.cooperative_adversarial_gradient(
+        queries, bank, positive_index, 0.08, similarity=np.roll(similarity, 1, axis=1)).numpy()
+    assert np.abs(shifted - got).max() > 1e-3
+
+
 def test_positive_and_negatives_both_move_towards_the_query():
     rng = np.random.default_rng(1)
     query = _unit(rng.normal(size=(1, 8)))
