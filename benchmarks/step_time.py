@@ -153,7 +153,7 @@ def bank_functions(tf, model, jit):
     def caco_bank(query1, query2, key1, key2):
         bank = tf.convert_to_tensor(model.bank)
         bank_unit = losses.l2_normalize(bank)
-        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+        positive_index = model._positives(key1, key2, bank_unit)
         queries = tf.concat([query1, query2], 0)
         with tf.GradientTape() as tape:
             tape.watch(queries)

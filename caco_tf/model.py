@@ -191,7 +191,7 @@ class CaCo(keras.Model):
         key1, key2 = self._keys(view1, view2, training=True)
         bank = tf.convert_to_tensor(self.bank)
         bank_unit = losses.l2_normalize(bank)
-        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+        positive_index = self._positives(key1, key2, bank_unit)
 
         # 2. The encoder descends the symmetric CaCo loss.
         loss, queries, similarity = self._caco_encoder_step(view1, view2, bank_unit,
@@ -230,7 +230,7 @@ class CaCo(keras.Model):
         key1, key2 = self._keys(global1, global2, training=True)
         bank = tf.convert_to_tensor(self.bank)
         bank_unit = losses.l2_normalize(bank)
-        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+        positive_index = self._positives(key1, key2, bank_unit)
         # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
         local_positives = tf.tile(positive_index, [len(local)])
 
@@ -242,8 +242,7 @@ class CaCo(keras.Model):
                  (self.query_encoder(crop, training=True) for crop in local)], 0) if local \
                 else None
             queries = tf.concat([query1, query2], 0)
-            loss = 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
-                                                         self.temperature))
+            loss = self._caco_loss(queries, bank_unit, positive_index)
             if local:
                 loss += 2.0 * tf.reduce_mean(losses.caco_loss(
                     local_queries, bank_unit, local_positives, self.temperature))
@@ -283,7 +282,7 @@ class CaCo(keras.Model):
         distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
         self._update_key_encoder(step)
 
-        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+        positive_index = self._positives(key1, key2, bank_unit)
         self._track(loss, tf.concat([query1, query2], 0), tf.concat([key1, key2], 0), bank_unit,
                     positive_index, learning_rate, tf.constant(0.0))
         self._probe_step(data, view1)
@@ -296,9 +295,8 @@ class CaCo(keras.Model):
         queries = tf.concat([self.query_encoder(view1, training=False),
                              self.query_encoder(view2, training=False)], 0)
         bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
-        positive_index = losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
-        loss = 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
-                                                     self.temperature))
+        positive_index = self._positives(key1, key2, bank_unit)
+        loss = self._caco_loss(queries, bank_unit, positive_index)
         self._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
                     self._encoder_learning_rate(),
                     self.bank_learning_rate(self.optimizer.iterations))
@@ -309,6 +307,17 @@ class CaCo(keras.Model):
     def _keys(self, view1, view2, training):
         return (self.key_encoder(view1, training=training),
                 self.key_encoder(view2, training=training))
+
+    def _positives(self, key1, key2, bank_unit):
+        """Eq. (max_prob) for both views, stacked [j+(k²); j+(k¹)]: each view's query is
+        trained towards the MPP of the other view's key."""
+        return losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+
+    def _caco_loss(self, queries, bank_unit, positive_index):
+        """Eq. (caco), symmetrized, for queries stacked [z¹; z²]: the sum over the two views of
+        each view's mean, i.e. twice the mean over the stack."""
+        return 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
+                                                     self.temperature))
 
     def _caco_encoder_step(self, view1, view2, bank_unit, positive_index):
         """Eq. (caco), symmetrized, and one optimizer step on the query encoder.
