@@ -143,41 +143,23 @@ def model_settings(name, quick):
 def bank_functions(tf, model, jit):
     """The bank part of the step as tf.functions of (query1, query2, key1, key2).
 
-    CaCo: mirrors steps 1-3 of ``CaCo.train_step`` less the encoders ("algorithm"), then the
-    same plus the bank-sized diagnostics of ``CaCo._track`` ("with diagnostics").  MoCo v2: its
-    loss (logits against the queue and their gradient) and the FIFO update ("queue").
+    CaCo: ``CaCo._caco_bank_pass``, the step's own code for everything that touches the bank
+    (MPPs, loss and its gradient with respect to the queries, the bank's update), then the same
+    plus the step's diagnostics (``CaCo._track``).  MoCo v2: its loss (logits against the queue
+    and their gradient) and the FIFO update ("queue").
     """
-    from caco_tf import bank as bank_lib
-    from caco_tf import losses
-
     def caco_bank(query1, query2, key1, key2):
-        bank = tf.convert_to_tensor(model.bank)
-        bank_unit = losses.l2_normalize(bank)
-        positive_index = model._positives(key1, key2, bank_unit)
-        queries = tf.concat([query1, query2], 0)
-        with tf.GradientTape() as tape:
-            tape.watch(queries)
-            similarity = losses.bank_logits(queries, bank_unit, 1.0)
-            loss = 2.0 * tf.reduce_mean(losses.caco_loss_of_similarity(
-                similarity, positive_index, model.temperature))
-        query_gradient = tape.gradient(loss, queries)
-        gradient = bank_lib.cooperative_adversarial_gradient(
-            queries, bank, positive_index, model.bank_temperature, views=2,
-            similarity=similarity)
-        new_bank, new_velocity = bank_lib.momentum_step(
-            bank, tf.convert_to_tensor(model.bank_velocity), gradient, 3.0, model.bank_momentum)
-        model.bank.assign(new_bank)
-        model.bank_velocity.assign(new_velocity)
-        result = loss + tf.reduce_sum(query_gradient)
-        return result, queries, bank_unit, positive_index, loss
+        loss, query_gradient, statistics, _ = model._caco_bank_pass(
+            tf.concat([query1, query2], 0), tf.concat([key2, key1], 0),
+            model.optimizer.iterations)
+        return loss + tf.reduce_sum(query_gradient), loss, statistics
 
     def algorithm(query1, query2, key1, key2):
         return caco_bank(query1, query2, key1, key2)[0]
 
     def with_diagnostics(query1, query2, key1, key2):
-        result, queries, bank_unit, positive_index, loss = caco_bank(query1, query2, key1, key2)
-        model._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
-                     tf.constant(0.03), tf.constant(3.0))
+        result, loss, statistics = caco_bank(query1, query2, key1, key2)
+        model._track(loss, statistics, tf.constant(0.03), tf.constant(3.0))
         return result
 
     def queue(query1, query2, key1, key2):

@@ -29,26 +29,15 @@ def most_probable_positive(keys, bank_unit):
     return tf.argmax(logits, axis=-1, output_type=tf.int32)
 
 
-def max_positive_probability(keys, bank_unit, temperature):
-    """max_j p(b_j | k) (eq. prob_positive), the quantity plotted in the paper's Fig. prob_acc."""
-    probs = tf.nn.softmax(bank_logits(tf.stop_gradient(keys), bank_unit, temperature), axis=-1)
-    return tf.reduce_max(probs, axis=-1)
-
-
 def caco_loss(queries, bank_unit, positive_index, temperature):
     """Eq. (caco): -log p(b_{j+} | z) per query, [N].
 
     The bank is the sole source of positives and negatives; its gradient is not taken here
     (the bank has its own cooperative-adversarial update, see ``caco_tf.bank``).
     """
-    return caco_loss_of_similarity(
-        bank_logits(queries, tf.stop_gradient(bank_unit), 1.0), positive_index, temperature)
-
-
-def caco_loss_of_similarity(similarity, positive_index, temperature):
-    """Eq. (caco) from the similarities z·b̂_jᵀ [N, K] (a step shares them with the bank's update)."""
     return tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=positive_index, logits=tf.cast(similarity, tf.float32) / temperature)
+        labels=positive_index,
+        logits=bank_logits(queries, tf.stop_gradient(bank_unit), temperature))
 
 
 def moco_loss(queries, keys, negatives_unit, temperature):
@@ -63,12 +52,6 @@ def moco_loss(queries, keys, negatives_unit, temperature):
     logits = tf.concat([positive, negatives], axis=-1)
     labels = tf.zeros(tf.shape(queries)[:1], dtype=tf.int32)
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-
-
-def contrast_accuracy(queries, bank_unit, positive_index):
-    """Fraction of queries whose most similar bank row is their MPP (the 'contrast top-1')."""
-    predicted = tf.argmax(bank_logits(queries, bank_unit, 1.0), axis=-1, output_type=tf.int32)
-    return tf.reduce_mean(tf.cast(tf.equal(predicted, positive_index), tf.float32))
 
 
 def batch_infonce_loss(queries, positives, candidates, temperature, offset=0):

@@ -2,12 +2,13 @@
 
 One step, for a batch of images seen as two augmented views x1, x2:
 
-1. keys k1, k2 from the momentum (key) encoder; for each image, the Most Probable Positive of
-   the *other* view, j+ = argmax_j p(b_j | k) (eq. max_prob);
-2. queries z1, z2 from the query encoder; the symmetric loss (eq. caco)
-   CE(z1·B̂ᵀ/τ, j+(k2)) + CE(z2·B̂ᵀ/τ, j+(k1)); the encoder descends it;
-3. the bank takes the cooperative-adversarial step (eq. real_update) computed from the same
-   pre-step queries and bank, averaged over the global batch, with SGD momentum;
+1. keys k1, k2 from the momentum (key) encoder, and queries z1, z2 from the query encoder;
+2. from the pre-step bank: for each image, the Most Probable Positive of the *other* view,
+   j+ = argmax_j p(b_j | k) (eq. max_prob); the symmetric loss (eq. caco)
+   CE(z1·B̂ᵀ/τ, j+(k2)) + CE(z2·B̂ᵀ/τ, j+(k1)) and its gradient with respect to the queries;
+   the bank's cooperative-adversarial step (eq. real_update) from the same queries and bank,
+   averaged over the global batch, with SGD momentum (``caco_tf.bank``'s two tiled passes);
+3. the encoder descends the loss;
 4. the key encoder's parameters move towards the query encoder's (EMA, cosine momentum).
 
 Before the CaCo phase a warm-up pass (``warmup_steps``, one epoch in the configs) trains the
@@ -98,6 +99,7 @@ class CaCo(keras.Model):
             shape=(bank_size, dim), initializer="zeros", name="bank_velocity", **state)
         self.bank_pointer = self.add_weight(
             shape=(), dtype="int32", initializer="zeros", name="bank_pointer", **state)
+        self.bank_tile_rows = bank_lib.tile_rows(bank_size)
 
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.contrast_top1 = keras.metrics.Mean(name="contrast_top1")
@@ -185,28 +187,25 @@ class CaCo(keras.Model):
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()  # this step's, before the update
 
-        # 1. Keys and their Most Probable Positives, from the pre-step bank.  Each view is
-        #    trained towards the MPP of the other view's key; the views are stacked [view 1;
-        #    view 2] from here on, so that every product with the K×D bank is taken once.
+        # 1. Keys and queries.  Each view's query is trained towards the MPP of the other
+        #    view's key: queries are stacked [z¹; z²] against keys [k²; k¹] from here on.
         key1, key2 = self._keys(view1, view2, training=True)
-        bank = tf.convert_to_tensor(self.bank)
-        bank_unit = losses.l2_normalize(bank)
-        positive_index = self._positives(key1, key2, bank_unit)
+        with tf.GradientTape() as tape:
+            queries = tf.concat([self.query_encoder(view1, training=True),
+                                 self.query_encoder(view2, training=True)], 0)
 
-        # 2. The encoder descends the symmetric CaCo loss.
-        loss, queries, similarity = self._caco_encoder_step(view1, view2, bank_unit,
-                                                            positive_index)
+        # 2. From the pre-step bank: the MPPs, the loss and its gradient with respect to the
+        #    queries; the bank takes its cooperative-adversarial step.
+        loss, query_gradient, statistics, bank_lr = self._caco_bank_pass(
+            queries, tf.concat([key2, key1], 0), step)
 
-        # 3. The bank's cooperative-adversarial step, from the same queries and bank.
-        bank_lr = self._bank_step(bank, bank_lib.cooperative_adversarial_gradient(
-            queries, bank, positive_index, self.bank_temperature, views=2,
-            similarity=similarity), step, tf.shape(view1)[0])
+        # 3. The encoder descends the loss.
+        self._descend(tape, queries, query_gradient)
 
         # 4. The key encoder follows the query encoder.
         self._update_key_encoder(step)
 
-        self._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
-                    learning_rate, bank_lr)
+        self._track(loss, statistics, learning_rate, bank_lr)
         self._probe_step(data, view1)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
 
@@ -230,9 +229,6 @@ class CaCo(keras.Model):
         key1, key2 = self._keys(global1, global2, training=True)
         bank = tf.convert_to_tensor(self.bank)
         bank_unit = losses.l2_normalize(bank)
-        positive_index = self._positives(key1, key2, bank_unit)
-        # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
-        local_positives = tf.tile(positive_index, [len(local)])
 
         with tf.GradientTape() as tape:
             query1 = self.query_encoder(global1, training=True)
@@ -242,7 +238,13 @@ class CaCo(keras.Model):
                  (self.query_encoder(crop, training=True) for crop in local)], 0) if local \
                 else None
             queries = tf.concat([query1, query2], 0)
-            loss = self._caco_loss(queries, bank_unit, positive_index)
+            statistics = self._statistics(tf.stop_gradient(queries),
+                                          tf.concat([key2, key1], 0), bank)
+            positive_index = statistics.positive_index
+            # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
+            local_positives = tf.tile(positive_index, [len(local)])
+            loss = 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
+                                                         self.temperature))
             if local:
                 loss += 2.0 * tf.reduce_mean(losses.caco_loss(
                     local_queries, bank_unit, local_positives, self.temperature))
@@ -256,8 +258,7 @@ class CaCo(keras.Model):
         bank_lr = self._bank_step(bank, gradient, step, tf.shape(query1)[0])
         self._update_key_encoder(step)
 
-        self._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
-                    learning_rate, bank_lr)
+        self._track(loss, statistics, learning_rate, bank_lr)
         self._probe_step(data, global1)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
 
@@ -267,7 +268,8 @@ class CaCo(keras.Model):
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()
         key1, key2 = self._keys(view1, view2, training=True)
-        bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
+        bank = tf.convert_to_tensor(self.bank)
+        bank_unit = losses.l2_normalize(bank)
         loss, query1, query2 = self._encoder_step(
             view1, view2, lambda query1, query2: (
                 tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit,
@@ -275,16 +277,16 @@ class CaCo(keras.Model):
                 + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit,
                                                   self.warmup_temperature))))
 
+        # The diagnostics of the CaCo step, against the bank this step read.
+        statistics = self._statistics(tf.concat([query1, query2], 0),
+                                      tf.concat([key2, key1], 0), bank)
         # One key per image, gathered from all replicas in replica order.
         new_bank, new_pointer = bank_lib.enqueue(
-            tf.convert_to_tensor(self.bank), distribute.all_gather(key1),
-            tf.convert_to_tensor(self.bank_pointer))
+            bank, distribute.all_gather(key1), tf.convert_to_tensor(self.bank_pointer))
         distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
         self._update_key_encoder(step)
 
-        positive_index = self._positives(key1, key2, bank_unit)
-        self._track(loss, tf.concat([query1, query2], 0), tf.concat([key1, key2], 0), bank_unit,
-                    positive_index, learning_rate, tf.constant(0.0))
+        self._track(loss, statistics, learning_rate, tf.constant(0.0))
         self._probe_step(data, view1)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
 
@@ -294,11 +296,10 @@ class CaCo(keras.Model):
         key1, key2 = self._keys(view1, view2, training=False)
         queries = tf.concat([self.query_encoder(view1, training=False),
                              self.query_encoder(view2, training=False)], 0)
-        bank_unit = losses.l2_normalize(tf.convert_to_tensor(self.bank))
-        positive_index = self._positives(key1, key2, bank_unit)
-        loss = self._caco_loss(queries, bank_unit, positive_index)
-        self._track(loss, queries, tf.concat([key1, key2], 0), bank_unit, positive_index,
-                    self._encoder_learning_rate(),
+        bank = tf.convert_to_tensor(self.bank)
+        statistics = self._statistics(queries, tf.concat([key2, key1], 0), bank)
+        loss, _ = self._caco_loss(queries, bank, statistics)
+        self._track(loss, statistics, self._encoder_learning_rate(),
                     self.bank_learning_rate(self.optimizer.iterations))
         self._probe_step(data, view1, learn=False)
         return distribute.reducible({m.name: m.result() for m in self.metrics})
@@ -308,32 +309,48 @@ class CaCo(keras.Model):
         return (self.key_encoder(view1, training=training),
                 self.key_encoder(view2, training=training))
 
-    def _positives(self, key1, key2, bank_unit):
-        """Eq. (max_prob) for both views, stacked [j+(k²); j+(k¹)]: each view's query is
-        trained towards the MPP of the other view's key."""
-        return losses.most_probable_positive(tf.concat([key2, key1], 0), bank_unit)
+    def _statistics(self, queries, keys, bank):
+        """``bank_lib.bank_statistics`` of queries [z¹; z²] against keys [k²; k¹]."""
+        return bank_lib.bank_statistics(queries, keys, bank, self.temperature,
+                                        self.bank_temperature, self.bank_tile_rows)
 
-    def _caco_loss(self, queries, bank_unit, positive_index):
-        """Eq. (caco), symmetrized, for queries stacked [z¹; z²]: the sum over the two views of
-        each view's mean, i.e. twice the mean over the stack."""
-        return 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
-                                                     self.temperature))
+    def _caco_loss(self, queries, bank, statistics):
+        """Eq. (caco), symmetrized, from the bank statistics of queries stacked [z¹; z²].
 
-    def _caco_encoder_step(self, view1, view2, bank_unit, positive_index):
-        """Eq. (caco), symmetrized, and one optimizer step on the query encoder.
-
-        The queries are stacked [z¹; z²] against ``positive_index`` [j+(k²); j+(k¹)]: the loss
-        is the sum over the two views of each view's mean.  Returns (loss, queries, similarity
-        z·b̂ᵀ), the similarity for the bank's step, which needs the same product.
+        ℓ_n = log Σ_j exp(z_n·b̂_j/τ) - z_n·b̂_{j+}/τ; the loss is the sum over the two views
+        of each view's mean, i.e. twice the mean over the stack.  Returns (loss, b̂_{j+} [N, D]).
         """
-        with tf.GradientTape() as tape:
-            queries = tf.concat([self.query_encoder(view1, training=True),
-                                 self.query_encoder(view2, training=True)], 0)
-            similarity = losses.bank_logits(queries, tf.stop_gradient(bank_unit), 1.0)
-            loss = 2.0 * tf.reduce_mean(losses.caco_loss_of_similarity(
-                similarity, positive_index, self.temperature))
-        self._descend(tape, loss)
-        return loss, queries, similarity
+        positive_unit = losses.l2_normalize(tf.gather(bank, statistics.positive_index))
+        per_query = (statistics.loss_log_normalizer
+                     - tf.reduce_sum(queries * positive_unit, axis=-1) / self.temperature)
+        return 2.0 * tf.reduce_mean(per_query), positive_unit
+
+    def _caco_bank_pass(self, queries, keys, step):
+        """Everything of the CaCo step that touches the K×D bank, in two passes over its tiles.
+
+        From the pre-step bank: the MPPs j+ of ``keys`` [k²; k¹], the symmetric loss of
+        ``queries`` [z¹; z²] and its gradient with respect to them, and the bank's
+        cooperative-adversarial momentum step, assigned on every replica.  Returns (loss,
+        d loss / d queries, ``BankStatistics``, this step's bank lr).
+        """
+        bank = tf.convert_to_tensor(self.bank)
+        statistics = self._statistics(queries, keys, bank)
+        loss, positive_unit = self._caco_loss(queries, bank, statistics)
+        settings = (self.temperature, self.bank_temperature)
+        if distribute.num_replicas() > 1:  # the replicas' g are averaged before the momentum
+            expected_unit, gradient = bank_lib.tiled_caco_gradient(
+                queries, statistics, bank, *settings, 2, self.bank_tile_rows)
+            bank_lr = self._bank_step(bank, gradient, step, tf.shape(queries)[0] // 2)
+        else:
+            bank_lr = self.bank_learning_rate(step)
+            expected_unit, new_bank, new_velocity = bank_lib.tiled_caco_update(
+                queries, statistics, bank, tf.convert_to_tensor(self.bank_velocity), *settings,
+                bank_lr, self.bank_momentum, 2, self.bank_tile_rows)
+            distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
+        # d loss / d z_n = (2 / N) (Σ_j p_nj b̂_j - b̂_{j+}) / τ.
+        count = tf.cast(tf.shape(queries)[0], tf.float32)
+        query_gradient = (expected_unit - positive_unit) * (2.0 / (count * self.temperature))
+        return loss, query_gradient, statistics, bank_lr
 
     def _bank_step(self, bank, gradient, step, local_batch):
         """Average the bank's gradient over the global batch, take the SGD-momentum step on the
@@ -354,19 +371,21 @@ class CaCo(keras.Model):
         self._descend(tape, loss)
         return loss, query1, query2
 
-    def _descend(self, tape, loss):
-        """One optimizer step of the query encoder down ``loss``, recorded on ``tape``."""
-        with tape:
-            scaled_loss = self._scale_loss(loss)
-        variables = self.query_encoder.trainable_variables
-        self.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
+    def _descend(self, tape, outputs, output_gradient=1.0):
+        """One optimizer step of the query encoder down a loss.
 
-    def _scale_loss(self, loss):
+        ``outputs`` were recorded on ``tape`` and the loss's gradient with respect to them is
+        ``output_gradient``: the loss itself and 1, or the queries and the gradient that the
+        bank pass computed.
+        """
         # Keras sums gradients over replicas: each replica contributes its share of the mean.
-        loss = loss / distribute.num_replicas()
+        scale = 1.0 / distribute.num_replicas()
         if hasattr(self.optimizer, "scale_loss"):  # LossScaleOptimizer under mixed_float16
-            loss = self.optimizer.scale_loss(loss)
-        return loss
+            scale = self.optimizer.scale_loss(tf.constant(scale))
+        variables = self.query_encoder.trainable_variables
+        self.optimizer.apply(tape.gradient(
+            outputs, variables, output_gradients=tf.cast(output_gradient, tf.float32) * scale),
+            variables)
 
     def _update_key_encoder(self, step):
         momentum = self.key_momentum(step)
@@ -375,18 +394,19 @@ class CaCo(keras.Model):
         distribute.assign_in_sync(
             keys, [momentum * k + (1.0 - momentum) * q for k, q in zip(keys, queries)])
 
-    def _track(self, loss, queries, keys, bank_unit, positive_index, learning_rate, bank_lr):
-        """The step's diagnostics; ``queries``, ``keys`` and ``positive_index`` stack both views."""
+    def _track(self, loss, statistics, learning_rate, bank_lr):
+        """The step's diagnostics, from the ``BankStatistics`` of its stacked views."""
         self.loss_tracker.update_state(loss)
-        self.contrast_top1.update_state(
-            losses.contrast_accuracy(queries, bank_unit, positive_index))
-        self.positive_probability.update_state(tf.reduce_mean(
-            losses.max_positive_probability(keys, bank_unit, self.temperature)))
+        positive_index = statistics.positive_index
+        self.contrast_top1.update_state(tf.reduce_mean(tf.cast(
+            tf.equal(statistics.nearest_index, positive_index), tf.float32)))
+        self.positive_probability.update_state(
+            tf.reduce_mean(statistics.positive_probability))
         # How many bank rows serve as someone's positive (a collapse shows up here first).
         used = tf.math.unsorted_segment_max(
-            tf.ones_like(positive_index), positive_index, tf.shape(bank_unit)[0])
+            tf.ones_like(positive_index), positive_index, tf.shape(self.bank)[0])
         self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
-        self.bank_norm.update_state(tf.reduce_mean(tf.norm(self.bank, axis=-1)))
+        self.bank_norm.update_state(statistics.mean_norm)
         self.lr_tracker.update_state(learning_rate)
         self.bank_lr_tracker.update_state(bank_lr)
 

@@ -86,19 +86,6 @@ def test_stacked_views_are_a_mean_per_view_summed(problem):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
 
 
-def test_a_given_similarity_replaces_the_product_with_the_bank(problem):
-    queries, bank, positive_index = problem
-    similarity = queries @ _unit(bank).T
-    got = bank_lib.cooperative_adversarial_gradient(queries, bank, positive_index, 0.08,
-                                                    similarity=similarity).numpy()
-    np.testing.assert_allclose(got, closed_form(queries, bank, positive_index, 0.08),
-                               rtol=1e-4, atol=1e-6)
-    # It is used as given: another similarity gives another gradient.
-    shifted = bank_lib.cooperative_adversarial_gradient(
-        queries, bank, positive_index, 0.08, similarity=np.roll(similarity, 1, axis=1)).numpy()
-    assert np.abs(shifted - got).max() > 1e-3
-
-
 def test_positive_and_negatives_both_move_towards_the_query():
     rng = np.random.default_rng(1)
     query = _unit(rng.normal(size=(1, 8)))
@@ -127,3 +114,76 @@ def test_enqueue_wraps_around():
     new_bank, pointer = bank_lib.enqueue(bank, rows, 3)
     assert int(pointer) == 2
     np.testing.assert_array_equal(new_bank.numpy(), [[5, 6], [7, 8], [0, 0], [1, 2], [3, 4]])
+
+
+# ---------------------------------------------------------------------- the tiled passes
+@pytest.fixture
+def tiled_problem():
+    """Two views of 4 queries, keys, a 12-row raw bank with a tie across tiles."""
+    rng = np.random.default_rng(2)
+    queries = _unit(rng.normal(size=(8, 5)))
+    keys = _unit(rng.normal(size=(8, 5)))
+    bank = rng.normal(size=(12, 5)) * rng.uniform(0.5, 2.0, size=(12, 1))
+    bank[9] = 2.0 * bank[2]  # row 2 exactly (a power of 2), in another tile: argmax ties
+    keys[0] = _unit(bank[2])
+    velocity = rng.normal(size=(12, 5)) * 0.1
+    return queries, keys, bank, velocity
+
+
+def _logsumexp(x):
+    top = x.max(axis=-1)
+    return top + np.log(np.exp(x - top[:, None]).sum(axis=-1))
+
+
+@pytest.mark.parametrize("rows_per_tile", [3, 4, 12])
+def test_bank_statistics_are_the_whole_bank_s(tiled_problem, rows_per_tile):
+    queries, keys, bank, _ = tiled_problem
+    got = bank_lib.bank_statistics(queries, keys, bank, 0.1, 0.2, rows_per_tile)
+    query_similarity, key_similarity = queries @ _unit(bank).T, keys @ _unit(bank).T
+    np.testing.assert_array_equal(got.positive_index, key_similarity.argmax(axis=-1))
+    assert int(got.positive_index[0]) == 2  # the first of the tied rows 2 and 9
+    np.testing.assert_allclose(got.positive_probability,
+                               _softmax(key_similarity / 0.1).max(axis=-1), rtol=1e-5)
+    np.testing.assert_array_equal(got.nearest_index, query_similarity.argmax(axis=-1))
+    np.testing.assert_allclose(got.loss_log_normalizer, _logsumexp(query_similarity / 0.1),
+                               rtol=1e-5)
+    np.testing.assert_allclose(got.bank_log_normalizer, _logsumexp(query_similarity / 0.2),
+                               rtol=1e-5)
+    tiles = 12 // rows_per_tile
+    np.testing.assert_allclose(  # [tiles, N, rows] back to [N, K]
+        np.concatenate(list(got.similarity.numpy()), axis=-1), query_similarity, atol=1e-6)
+    assert got.similarity.shape == (tiles, 8, rows_per_tile)
+    np.testing.assert_allclose(got.mean_norm, np.linalg.norm(bank, axis=-1).mean(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows_per_tile", [3, 12])
+def test_tiled_update_is_the_momentum_step_of_the_closed_form(tiled_problem, rows_per_tile):
+    queries, keys, bank, velocity = tiled_problem
+    statistics = bank_lib.bank_statistics(queries, keys, bank, 0.1, 0.2, rows_per_tile)
+    positive_index = statistics.positive_index.numpy()
+    expected_unit, new_bank, new_velocity = bank_lib.tiled_caco_update(
+        queries, statistics, bank, velocity, 0.1, 0.2, 3.0, 0.9, 2, rows_per_tile)
+    # Views stacked [z¹; z²]: each view's batch mean, summed (eq. real_update's direction).
+    gradient = (closed_form(queries[:4], bank, positive_index[:4], 0.2)
+                + closed_form(queries[4:], bank, positive_index[4:], 0.2))
+    np.testing.assert_allclose(new_velocity, 0.9 * velocity + gradient, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(new_bank, bank - 3.0 * (0.9 * velocity + gradient),
+                               rtol=1e-4, atol=1e-5)
+    # Σ_j p_nj b̂_j at the loss's τ: the loss's gradient is (that - b̂_{j+}) / τ.
+    np.testing.assert_allclose(expected_unit,
+                               _softmax(queries @ _unit(bank).T / 0.1) @ _unit(bank),
+                               rtol=1e-5, atol=1e-6)
+    # Without the momentum step (several replicas): the same direction, unaveraged.
+    same_unit, direction = bank_lib.tiled_caco_gradient(queries, statistics, bank, 0.1, 0.2, 2,
+                                                        rows_per_tile)
+    np.testing.assert_allclose(direction, gradient, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(same_unit, expected_unit, rtol=1e-6)
+
+
+def test_tile_rows_divide_the_bank():
+    assert bank_lib.tile_rows(65536) == 1024
+    assert bank_lib.tile_rows(1000) == 1000
+    assert bank_lib.tile_rows(3 * 1024) == 1024
+    assert bank_lib.tile_rows(5 * 1031) == 1031 * 5  # 5 rows a tile would be too few: one tile
+    for size in (12, 4096, 4097, 100_000):
+        assert size % bank_lib.tile_rows(size) == 0

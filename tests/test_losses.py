@@ -33,13 +33,6 @@ def test_most_probable_positive_is_argmax_over_normalized_rows():
     assert not np.array_equal(got, np.argmax(keys @ raw_bank.T, axis=-1))
 
 
-def test_max_positive_probability():
-    rng = np.random.default_rng(2)
-    keys, bank = _unit(rng.normal(size=(3, 4))), _unit(rng.normal(size=(7, 4)))
-    got = losses.max_positive_probability(keys, bank, 0.1).numpy()
-    np.testing.assert_allclose(got, np.exp(_log_softmax(keys @ bank.T / 0.1)).max(-1), rtol=1e-5)
-
-
 def test_moco_loss_puts_the_key_first():
     rng = np.random.default_rng(3)
     queries, keys = _unit(rng.normal(size=(4, 6))), _unit(rng.normal(size=(4, 6)))
@@ -47,9 +40,3 @@ def test_moco_loss_puts_the_key_first():
     got = losses.moco_loss(queries, keys, bank, 0.2).numpy()
     logits = np.concatenate([np.sum(queries * keys, -1, keepdims=True), queries @ bank.T], 1)
     np.testing.assert_allclose(got, -_log_softmax(logits / 0.2)[:, 0], rtol=1e-5)
-
-
-def test_contrast_accuracy():
-    bank = np.eye(3, dtype=np.float32)
-    queries = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]], np.float32)
-    assert losses.contrast_accuracy(queries, bank, np.array([0, 1, 0, 2])).numpy() == 0.5

@@ -56,6 +56,15 @@ def test_one_step_follows_the_paper():
                 + bank_lib.cooperative_adversarial_gradient(query2, bank0, positive2, 0.2))
     expected_loss = float(tf.reduce_mean(losses.caco_loss(query1, bank_unit, positive1, 0.1))
                           + tf.reduce_mean(losses.caco_loss(query2, bank_unit, positive2, 0.1)))
+    # The encoder's gradient of that loss, through the stop-gradient bank (eq. caco).
+    encoder_weights = model.query_encoder.trainable_variables
+    encoder_weights0 = [w.numpy() for w in encoder_weights]
+    with tf.GradientTape() as tape:
+        loss = (tf.reduce_mean(losses.caco_loss(model.query_encoder(view1, training=True),
+                                                bank_unit, positive1, 0.1))
+                + tf.reduce_mean(losses.caco_loss(model.query_encoder(view2, training=True),
+                                                  bank_unit, positive2, 0.1)))
+    encoder_gradient = tape.gradient(loss, encoder_weights)
 
     history = model.fit(one_batch_dataset(view1, view2), epochs=1, verbose=0)
 
@@ -70,6 +79,10 @@ def test_one_step_follows_the_paper():
     for name in ("contrast_top1", "mpp_prob", "lr", "bank_lr", "distinct_mpp", "bank_norm"):
         assert name in history.history
     assert history.history["bank_lr"][0] == pytest.approx(0.5)
+    # Query encoder: SGD's first step (zero momentum buffer) down the loss's gradient.
+    for weight, weight0, gradient in zip(encoder_weights, encoder_weights0, encoder_gradient):
+        np.testing.assert_allclose(weight.numpy(), weight0 - 0.1 * gradient.numpy(), rtol=1e-4,
+                                   atol=1e-6)
     # Key encoder: EMA of parameters towards the updated query encoder.
     query_weight = model.query_encoder.trainable_variables[0].numpy()
     assert np.abs(query_weight - key_weight0).max() > 1e-6  # the encoder did move

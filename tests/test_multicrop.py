@@ -43,11 +43,13 @@ def test_without_local_crops_it_is_the_two_view_step():
     two_view, multi = tiny_caco(False), tiny_caco(True)
     batch = crops(local=0)
     history_two, history_multi = fit_one(two_view, batch), fit_one(multi, batch)
+    # The two-view step takes the same formulas tile by tile (caco_tf.bank's tiled passes),
+    # the multi-crop step by products and a tape: equal up to float32 rounding.
     assert history_multi["loss"] == pytest.approx(history_two["loss"], rel=1e-6)
-    np.testing.assert_allclose(multi.bank.numpy(), two_view.bank.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(multi.bank.numpy(), two_view.bank.numpy(), rtol=1e-5, atol=1e-6)
     for a, b in zip(multi.query_encoder.weights + multi.key_encoder.weights,
                     two_view.query_encoder.weights + two_view.key_encoder.weights):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_multicrop_step_follows_the_loss_over_crops():
