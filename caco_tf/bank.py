@@ -250,8 +250,7 @@ def tiled_caco_update(queries, statistics, bank, velocity, temperature, bank_tem
       (Σ_j p_nj b̂_j [N, D], new bank [K, D], new velocity [K, D]).
     """
     def momentum_tile(tile, gradient, tile_velocity):
-        tile_velocity = momentum * tile_velocity + gradient
-        return tile - learning_rate * tile_velocity, tile_velocity
+        return momentum_step(tile, tile_velocity, gradient, learning_rate, momentum)
 
     return _second_pass(queries, statistics, bank, temperature, bank_temperature, views,
                         rows_per_tile, momentum_tile,
