@@ -1,7 +1,7 @@
 """Train-step time of CaCo against MoCo v2, the learned bank's share, and how cost grows with K.
 
     python benchmarks/step_time.py [--steps 20] [--warmup 2] [--only NAME,...] [--quick]
-                                   [--intra-op N] [--inter-op N] [--trace DIR]
+                                   [--interleave] [--intra-op N] [--inter-op N] [--trace DIR]
                                    [--output PATH] [--note ...]
 
 Configurations (``--only`` picks some; the matmul peak always runs):
@@ -24,6 +24,13 @@ configuration runs in its own process, so that its peak resident memory (``ru_ma
 own; the process feeds one synthetic two-view batch of random float32 images, held in memory,
 to ``model.make_train_function()`` (no input pipeline in the timing): ``--warmup`` steps
 (tracing, XLA compilation), then the median of ``--steps`` timed steps.
+
+``--interleave`` runs the chosen configurations in one process instead, one step of each in
+turn (the order reversed every other round): a 20-minute drift of a shared machine then slows
+all of them alike, so ratios between them (CaCo / MoCo v2, the K scaling) are fair; the
+overhead line adds the median of each round's own CaCo / MoCo ratio.  Memory per configuration
+is then the allocator's tensor peak over its steps (reported in both modes), the process's RSS
+being shared.
 
 Also measured, in the same run and processes:
 
@@ -60,8 +67,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _report  # noqa: E402
 
-TITLE = "## Train-step time and the cost of the learned bank"
-BEGIN, END = "<!-- step_time: begin -->", "<!-- step_time: end -->"
+# BENCHMARKS.md sections: (title, begin marker, end marker); --interleave writes its own.
+SECTIONS = {False: ("## Train-step time and the cost of the learned bank",
+                    "<!-- step_time: begin -->", "<!-- step_time: end -->"),
+            True: ("## Train-step time, configurations interleaved in one process",
+                   "<!-- step_time_interleaved: begin -->", "<!-- step_time_interleaved: end -->")}
 RESULT = "STEP_TIME_RESULT "  # prefix of the child's JSON line on stdout
 R50 = os.path.join("configs", "imagenet_resnet50_b256.yaml")
 C18 = os.path.join("configs", "cifar10_resnet18.yaml")
@@ -177,34 +187,88 @@ def bank_functions(tf, model, jit):
     return {name: tf.function(f, jit_compile=jit) for name, f in functions.items()}
 
 
-def measure_config(name, args):
-    """One configuration, in this (child) process: a dict for the parent."""
-    tf = setup_tensorflow(args)
+def prepare_config(name, args, tf):
+    """Build one configuration's model and synthetic batch; its ``step`` runs one train step."""
     import keras
 
     from caco_tf import config as config_lib
-    from caco_tf import pretrain, profiling
+    from caco_tf import pretrain
 
-    load_before = os.getloadavg()[0]
     path, settings, batch = model_settings(name, args.quick)
     config = config_lib.load_config(os.path.join(ROOT, path), settings)
     keras.utils.set_random_seed(0)
     model = pretrain.build_model(config, STEPS_PER_EPOCH)
     size, channels = config["data"]["image_size"], config["data"]["channels"]
-    bank_size, dim = (int(d) for d in model.bank.shape)
     views = tuple(tf.random.stateless_normal([batch, size, size, channels], seed=[seed, 0])
                   for seed in (1, 2))
     train_function = model.make_train_function()
     # A plain iterable: Keras runs one step per item (train_on_batch's path), no tf.data.
     batches = [views]
-    rss_built = current_rss_mb()
 
     def step():
         float(train_function(batches)["loss"])  # fetching the loss waits for the step
 
-    step_times = timed(step, args.warmup, args.steps)
-    peak = peak_rss_mb()  # before the bank timing: the step's own peak
+    return {"name": name, "path": path, "config": config, "model": model, "batch": batch,
+            "step": step, "rss_built_mb": current_rss_mb()}
 
+
+class TensorMemory:
+    """The allocator's peak of tensor memory during a step, above what was allocated before it
+    (TensorFlow's BFC allocator keeps the counts: on CPU ``caco_tf`` turns it on).  None where
+    the device keeps no statistics."""
+
+    def __init__(self, tf):
+        self.tf = tf
+        self.device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+
+    def reset(self):
+        self.before = None
+        try:
+            self.tf.config.experimental.reset_memory_stats(self.device)
+            self.before = self.tf.config.experimental.get_memory_info(self.device)["current"]
+        except (ValueError, RuntimeError):
+            pass
+
+    def step_peak_mb(self):
+        if self.before is None:
+            return None
+        info = self.tf.config.experimental.get_memory_info(self.device)
+        return (info["peak"] - self.before) / 2 ** 20
+
+
+def variables_mb(model):
+    """The model's variables (encoders, bank, its momentum) and its optimizer's state, MB."""
+    variables = {id(v): v for v in model.variables + model.optimizer.variables}
+    return sum(int(v.numpy().nbytes) for v in variables.values()) / 2 ** 20
+
+
+def timed_steps(setups, args, memory):
+    """Round-robin over ``setups``: each round one step of each, the order reversed every
+    other round.  Returns {name: step seconds} of the rounds after ``args.warmup`` and
+    {name: the peak of the step's own tensors over that configuration's timed steps, MB}."""
+    times = {setup["name"]: [] for setup in setups}
+    peaks = {setup["name"]: None for setup in setups}
+    for index in range(args.warmup + args.steps):
+        for setup in (setups if index % 2 == 0 else setups[::-1]):
+            memory.reset()
+            start = time.perf_counter()
+            setup["step"]()
+            seconds = time.perf_counter() - start
+            if index >= args.warmup:
+                name, peak = setup["name"], memory.step_peak_mb()
+                times[name].append(seconds)
+                if peak is not None:
+                    peaks[name] = max(peaks[name] or 0.0, peak)
+    return times, peaks
+
+
+def config_result(setup, step_times, tensor_peak, peak_rss, load, args, tf):
+    """A configuration's result dict for the parent; also times its bank part alone."""
+    from caco_tf import profiling
+
+    config, model, batch = setup["config"], setup["model"], setup["batch"]
+    size, channels = config["data"]["image_size"], config["data"]["channels"]
+    bank_size, dim = (int(d) for d in model.bank.shape)
     encoder_flops = profiling.forward_flops(model.query_encoder)
     matmuls = (profiling.CACO_BANK_MATMULS if config["caco"]["method"] == "caco"
                else profiling.MOCO_BANK_MATMULS)
@@ -219,19 +283,37 @@ def measure_config(name, args):
         bank_times[part] = timed(lambda: float(function(*embeddings)), args.warmup, args.steps)
 
     if args.trace:
-        tf.profiler.experimental.start(os.path.join(args.trace, name))
+        tf.profiler.experimental.start(os.path.join(args.trace, setup["name"]))
         for _ in range(2):
-            step()
+            setup["step"]()
         tf.profiler.experimental.stop()
 
-    return {"name": name, "config": path, "backbone": config["model"]["backbone"],
-            "image_size": size, "channels": channels, "batch": batch,
-            "method": config["caco"]["method"], "bank_size": bank_size, "dim": dim,
-            "projector_hidden": config["model"]["projector_hidden"],
+    return {"name": setup["name"], "config": setup["path"],
+            "backbone": config["model"]["backbone"], "image_size": size, "channels": channels,
+            "batch": batch, "method": config["caco"]["method"], "bank_size": bank_size,
+            "dim": dim, "projector_hidden": config["model"]["projector_hidden"],
             "xla": config["train"]["jit_compile"], "step_times": step_times,
-            "bank_times": bank_times, "rss_built_mb": rss_built, "peak_rss_mb": peak,
+            "bank_times": bank_times, "rss_built_mb": setup["rss_built_mb"],
+            "peak_rss_mb": peak_rss, "tensor_peak_mb": tensor_peak,
             "encoder_flops": encoder_flops, "step_flops": step_flops,
-            "threads": threads(tf), "load": [load_before, os.getloadavg()[0]]}
+            "threads": threads(tf), "load": load, "interleaved": args.interleave}
+
+
+def measure_configs(names, args):
+    """The configurations ``names`` in this (child) process: one (the default), or several
+    stepped round-robin (``--interleave``).  A list of result dicts for the parent."""
+    tf = setup_tensorflow(args)
+    load_before = os.getloadavg()[0]
+    setups = [prepare_config(name, args, tf) for name in names]
+    times, peaks = timed_steps(setups, args, TensorMemory(tf))
+    peak = peak_rss_mb()  # before the bank timing: the steps' own peak
+    load = [load_before, os.getloadavg()[0]]
+    # Tensor peak: the model's own variables and optimizer state, plus its steps' temporaries
+    # (the other interleaved models' variables, allocated throughout, are left out).
+    return [config_result(setup, times[setup["name"]],
+                          None if peaks[setup["name"]] is None
+                          else peaks[setup["name"]] + variables_mb(setup["model"]),
+                          peak, load, args, tf) for setup in setups]
 
 
 def measure_matmul(args):
@@ -254,29 +336,37 @@ def measure_matmul(args):
 
 
 def child(args):
-    result = measure_matmul(args) if args.child == "matmul" else measure_config(args.child, args)
+    result = (measure_matmul(args) if args.child == "matmul"
+              else measure_configs(args.child.split(","), args))
     print(RESULT + json.dumps(result), flush=True)
     return 0
 
 
 # ------------------------------------------------------------------------------------ parent
-def run_child(name, args):
-    """Run one configuration in a fresh process; its result dict, or {"error": ...}."""
-    command = [sys.executable, os.path.abspath(__file__), "--child", name,
+def run_child(names, args):
+    """Run ``names`` ("matmul", or configurations) in a fresh process.
+
+    Returns {name: result dict, or {"error": ...}}; a configuration's ``wall_s`` is its share
+    of the process's wall time.
+    """
+    names = list(names)
+    command = [sys.executable, os.path.abspath(__file__), "--child", ",".join(names),
                "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--intra-op", str(args.intra_op), "--inter-op", str(args.inter_op)]
     command += ["--quick"] if args.quick else []
+    command += ["--interleave"] if args.interleave else []
     command += ["--trace", args.trace] if args.trace else []
     start = time.perf_counter()
     # stderr passes through (TensorFlow's messages, tracebacks); stdout carries the result.
     process = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     lines = [line for line in process.stdout.splitlines() if line.startswith(RESULT)]
+    wall = (time.perf_counter() - start) / len(names)
     if process.returncode or not lines:
-        return {"name": name, "error": f"exit status {process.returncode}",
-                "wall_s": time.perf_counter() - start}
-    result = json.loads(lines[-1][len(RESULT):])
-    result["wall_s"] = time.perf_counter() - start
-    return result
+        return {name: {"name": name, "error": f"exit status {process.returncode}",
+                       "wall_s": wall} for name in names}
+    results = json.loads(lines[-1][len(RESULT):])
+    results = results if isinstance(results, list) else [results]
+    return {result["name"]: dict(result, wall_s=wall) for result in results}
 
 
 def median(values):
@@ -337,6 +427,10 @@ def _gb(mb):
     return f"{mb / 1024:.2f}"
 
 
+def _gb_or_dash(mb):
+    return "—" if mb is None else _gb(mb)
+
+
 def _rate(value):
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
@@ -360,7 +454,8 @@ def section(results, matmul, args, argv, wall_s, pending=()):
         "TF_ENABLE_ONEDNN_OPTS") if k in os.environ)
     heads = ", ".join(sorted({f"D={r['dim']}, projector hidden {r['projector_hidden']}"
                               for r in done.values()})) or "D and projector as configured"
-    lines = [BEGIN]
+    _, begin, end = SECTIONS[args.interleave]
+    lines = [begin]
     if args.quick:
         lines += ["**Quick mode (`--quick`): tiny backbone, images, batches and banks; a smoke "
                   "test, not the benchmark.**", ""]
@@ -373,14 +468,22 @@ def section(results, matmul, args, argv, wall_s, pending=()):
         f"{thread.get('inter_op')} (0: TensorFlow's default, from the cores)"
         + (f"; {env}" if env else "") + f". Whole run: {wall_s / 60:.0f} min.",
         "",
-        "Each configuration in its own process: the model from `pretrain.build_model` (float32, "
+        ("All configurations in one process, stepped round-robin (`--interleave`: each round "
+         "one step of each, the order reversed every other round), so that the machine's "
+         "drifts hit them alike; per configuration: " if args.interleave else
+         "Each configuration in its own process: ")
+        + "the model from `pretrain.build_model` (float32, "
         f"one device, BatchNorm not synchronized, {heads}, `warmup_epochs=0`: every step is "
         "a CaCo step with the learned bank, or a MoCo v2 step with its FIFO queue), one "
         "synthetic two-view batch of random images in memory (no input pipeline), "
         f"{args.warmup} warm-up step{'s' * (args.warmup != 1)} (tracing, XLA compilation), then "
         f"the median [min–max] of {args.steps} timed steps of `model.make_train_function()`. "
         "Images/s: batch / median step (one image = its two views). Peak RSS: the process's "
-        "`ru_maxrss` after the timed steps (TensorFlow's runtime included). Model FLOPs "
+        "`ru_maxrss` after the timed steps (TensorFlow's runtime included"
+        + ("; one process for all rows here" if args.interleave else "") + "). Tensor peak: "
+        "the model's variables and optimizer state (the bank and its momentum included) plus the "
+        "peak of its step's temporaries over the timed steps (TensorFlow's BFC allocator "
+        "statistics, reset before each step). Model FLOPs "
         "(counted by `caco_tf.profiling`, not by XLA: TensorFlow has no public cost analysis): "
         "2 × multiply-adds of the convolutions and dense layers, 8 encoder forwards per image "
         "(query forward + backward = 3 per view, key forward 1 per view) plus the step's "
@@ -406,12 +509,13 @@ def section(results, matmul, args, argv, wall_s, pending=()):
 
     lines += ["", "| figure | backbone, input | batch | method | K | XLA | step (s), median "
                   "[min–max] | images/s | peak RSS (GB) | model GFLOP / step | utilization "
-                  "| bank share (+ diag.) | reproduce |",
-              "|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+                  "| tensor peak (GB) | bank share (+ diag.) | reproduce |",
+              "|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, result in results.items():
-        reproduce = f"`{command_line(argv, name)}`"
+        # An interleaved row is only measured beside the others.
+        reproduce = f"`{command_line(argv, args.only if args.interleave else name)}`"
         if "error" in result:
-            lines.append(f"| {name} | failed: {result['error']} | | | | | | | | | | | "
+            lines.append(f"| {name} | failed: {result['error']} | | | | | | | | | | | | "
                          f"{reproduce} |")
             continue
         d, times = derived[name], result["step_times"]
@@ -426,12 +530,13 @@ def section(results, matmul, args, argv, wall_s, pending=()):
             f"| {result['method']} | {result['bank_size']:,} | {'yes' if result['xla'] else 'no'} "
             f"| {d['step']:.3f} [{min(times):.3f}–{max(times):.3f}] | {_rate(d['images_per_s'])} "
             f"| {_gb(result['peak_rss_mb'])} | {result['step_flops'] / 1e9:,.1f} | {utilization} "
+            f"| {_gb_or_dash(result.get('tensor_peak_mb'))} "
             f"| {share} | {reproduce} |")
 
     lines += ["", "Ratios (from the rows above, same run) and goals:", ""]
     lines += ratio_lines(done, derived, peak)
     lines += scaling_lines(done, derived)
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines) + "\n"
 
 
@@ -446,11 +551,18 @@ def ratio_lines(done, derived, peak):
     caco, moco = derived.get("r50_caco"), derived.get("r50_moco")
     overhead = caco["step"] / moco["step"] if caco and moco else None
     where = f" ({describe(done['r50_caco'])}, no XLA)" if caco else ""
+    paired = ""
+    if overhead and done["r50_caco"].get("interleaved") and done["r50_moco"].get("interleaved"):
+        # Steps of the same round ran seconds apart: their ratio cancels the machine's drift.
+        rounds = [c / m for c, m in zip(done["r50_caco"]["step_times"],
+                                        done["r50_moco"]["step_times"])]
+        paired = (f"; the median of the {len(rounds)} rounds' own ratios "
+                  f"{median(rounds):.3f}× [{min(rounds):.3f}–{max(rounds):.3f}]")
     lines.append(
         f"- Learned-bank overhead, CaCo / MoCo v2 step{where}: "
-        + (f"{overhead:.3f}×" if overhead else "—") + f" (paper: 2.24 / 2.12 GPU-hours per "
-        f"epoch = {PAPER_OVERHEAD:.3f}×). Goal ≤ {GOALS['overhead']:.2f}×: "
-        f"{verdict(overhead, GOALS['overhead'], True)}.")
+        + (f"{overhead:.3f}×" if overhead else "—") + f" (ratio of the medians{paired}; paper: "
+        f"2.24 / 2.12 GPU-hours per epoch = {PAPER_OVERHEAD:.3f}×). Goal ≤ "
+        f"{GOALS['overhead']:.2f}×: {verdict(overhead, GOALS['overhead'], True)}.")
     for name, label in (("r50_caco", "no XLA"), ("r50_caco_xla", "XLA")):
         value = derived.get(name, {}).get("utilization")
         where = f"{describe(done[name], False)}, " if name in done else ""
@@ -480,9 +592,12 @@ def ratio_lines(done, derived, peak):
                          f"({before:.3f} s → {after:.3f} s).")
     if "r50_caco" in done:
         result = done["r50_caco"]
+        shared = " (the process, every interleaved model in it)" if result.get("interleaved") \
+            else ""
         lines.append(f"- Peak resident memory of a CaCo step, {describe(result)}, no XLA: "
-                     f"{_gb(result['peak_rss_mb'])} GB (the process after building the model, "
-                     f"before the first step: {_gb(result['rss_built_mb'])} GB).")
+                     f"{_gb(result['peak_rss_mb'])} GB{shared} (the process after building the "
+                     f"model, before the first step: {_gb(result['rss_built_mb'])} GB); the "
+                     f"step's tensor peak {_gb_or_dash(result.get('tensor_peak_mb'))} GB.")
     return lines
 
 
@@ -497,9 +612,14 @@ def scaling_lines(done, derived):
     if len(present) < 2:
         return ["", "Bank scaling: fewer than two K measured in this run."]
     first = done[present[0]]
+    # The allocator's tensor peak is the step's own; RSS (one process for all rows when
+    # interleaved) is the fallback where the device keeps no statistics.
+    key, label = (("tensor_peak_mb", "tensor peak")
+                  if all(done[name].get("tensor_peak_mb") for name in present)
+                  else ("peak_rss_mb", "peak RSS"))
     lines = ["", f"Bank scaling, CaCo, {describe(first, False)}, D={first['dim']}, no XLA:", "",
              "| K | step (s) | bank part + diag. (ms) | bank share | bank growth / K growth "
-             "| peak RSS (GB) | peak RSS increment per added row (kB) |",
+             f"| {label} (GB) | {label} increment per added row (kB) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     time_linear, per_row = True, []
     for index, name in enumerate(present):
@@ -511,13 +631,13 @@ def scaling_lines(done, derived):
                      / (result["bank_size"] / before["bank_size"]))
             time_linear &= ratio <= 1
             time_growth = f"{ratio:.2f}"
-            per_row.append((result["peak_rss_mb"] - before["peak_rss_mb"]) * 1024
+            per_row.append((result[key] - before[key]) * 1024
                            / (result["bank_size"] - before["bank_size"]))
             increment = f"{per_row[-1]:.2f}"
         lines.append(f"| {result['bank_size']:,} | {d['step']:.3f} "
                      f"| {1e3 * d['with_diagnostics_s']:.1f} "
                      f"| {100 * d['with_diagnostics_share']:.1f} % | {time_growth} "
-                     f"| {_gb(result['peak_rss_mb'])} | {increment} |")
+                     f"| {_gb(result[key])} | {increment} |")
     if len(per_row) < 2:
         memory = "not measured (needs three K)"
     elif per_row[0] <= 0:
@@ -526,8 +646,13 @@ def scaling_lines(done, derived):
     else:
         memory = "met" if per_row[-1] <= per_row[0] else "**missed**"
     lines += ["", f"Goal, growth no worse than linear in K: bank part's time "
-                  f"{'met' if time_linear else '**missed**'}; peak memory {memory}."]
+                  f"{'met' if time_linear else '**missed**'}; {label} {memory}."]
     return lines
+
+
+def write(text, output, args):
+    title, begin, end = SECTIONS[args.interleave]
+    _report.write_section(text, output, begin, end, title)
 
 
 def parse_args(argv):
@@ -542,6 +667,10 @@ def parse_args(argv):
                         help="tf.config.threading intra-op threads (0: TensorFlow's default)")
     parser.add_argument("--inter-op", type=int, default=0,
                         help="tf.config.threading inter-op threads (0: TensorFlow's default)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="all configurations in one process, one step of each in turn, so "
+                             "that the machine's drifts hit them alike (ratios between them "
+                             "are then fair); peak RSS is then the process's")
     parser.add_argument("--trace", default="", help="also write tf.profiler traces here")
     parser.add_argument("--note", default="", help="a line to add, e.g. about machine load")
     parser.add_argument("--output", default=None,
@@ -551,6 +680,8 @@ def parse_args(argv):
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be positive and --warmup at least 0")
     unknown = [n for n in args.only.split(",") if n and n not in CONFIGS]
+    if args.child:
+        unknown = [n for n in args.child.split(",") if n not in CONFIGS and n != "matmul"]
     if unknown:
         parser.error(f"unknown configuration(s) {', '.join(unknown)}; known: "
                      f"{', '.join(CONFIGS)}")
@@ -566,31 +697,35 @@ def main(argv=None):
     output = args.output or (None if args.quick else os.path.join(ROOT, "BENCHMARKS.md"))
 
     start = time.perf_counter()
-    matmul = run_child("matmul", args)
+    matmul = run_child(["matmul"], args)["matmul"]
     if "error" in matmul:
         print(f"matmul peak: failed ({matmul['error']})", flush=True)
     else:
         print(f"matmul peak: {matmul['peak_flops'] / 1e9:,.1f} GFLOP/s at n={matmul['size']} "
               f"({matmul['wall_s']:.0f} s)", flush=True)
+    # One process per configuration (its own peak RSS), or all in one, stepped round-robin.
+    groups = [names] if args.interleave else [[name] for name in names]
     results = {}
-    for name in names:
-        result = results[name] = run_child(name, args)
-        if "error" in result:
-            print(f"{name}: failed ({result['error']})", flush=True)
-            continue
-        d = summary(result, matmul.get("peak_flops"))
-        print(f"{name}: {d['step']:.3f} s/step (median of {args.steps}), "
-              f"{d['images_per_s']:,.1f} images/s, peak RSS {_gb(result['peak_rss_mb'])} GB "
-              f"({result['wall_s']:.0f} s)", flush=True)
+    for group in groups:
+        results.update(run_child(group, args))
+        for name in group:
+            result = results[name]
+            if "error" in result:
+                print(f"{name}: failed ({result['error']})", flush=True)
+                continue
+            d = summary(result, matmul.get("peak_flops"))
+            print(f"{name}: {d['step']:.3f} s/step (median of {args.steps}), "
+                  f"{d['images_per_s']:,.1f} images/s, peak RSS {_gb(result['peak_rss_mb'])} GB "
+                  f"({result['wall_s']:.0f} s)", flush=True)
         if output and len(results) < len(names):
             # A long run (hours for the ResNet-50 rows) keeps what it has measured so far.
             partial = section(results, matmul, args, argv, time.perf_counter() - start,
                               pending=names[len(results):])
-            _report.write_section(partial, output, BEGIN, END, TITLE)
+            write(partial, output, args)
     text = section(results, matmul, args, argv, time.perf_counter() - start)
     print(text)
     if output:
-        _report.write_section(text, output, BEGIN, END, TITLE)
+        write(text, output, args)
         print(f"wrote {output}")
     failed = [n for n, r in results.items() if "error" in r] + (
         ["matmul"] if "error" in matmul else [])
