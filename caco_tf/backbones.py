@@ -1,7 +1,10 @@
 """Backbone encoders and the projection MLP used by CaCo.
 
 Every backbone maps float32 images ``[B, H, W, C]`` (already normalized) to
-pooled features ``[B, F]``; global average pooling is part of the backbone.
+pooled features ``[B, F]``; the pooling is part of the backbone: global average
+pooling (F = the last width), or with ``pool_grid=g`` the average over each cell
+of a g×g grid of the last feature map, flattened (F = g²·width), which keeps the
+coarse layout that global pooling discards.
 
 Layout and layer names follow torchvision (``'.'`` replaced by ``'_'``), e.g.
 ``conv1``, ``bn1``, ``layer1_0_conv1``, ``layer1_0_downsample_0``. That lets a
@@ -169,15 +172,20 @@ def _resnet_stages(
     return x
 
 
-def _pool(x):
-    return layers.GlobalAveragePooling2D(name="avgpool")(x)
+def _pool(x, grid=1):
+    """[B, h, w, C] → [B, grid²·C]: the mean over each cell of a grid×grid partition of the
+    map (torch's AdaptiveAvgPool2d(grid) cells), flattened; grid 1 is global average pooling."""
+    if grid == 1:
+        return layers.GlobalAveragePooling2D(name="avgpool")(x)
+    x = layers.AdaptiveAveragePooling2D(grid, name="avgpool_grid")(x)
+    return layers.Flatten(name="avgpool")(x)
 
 
 def _input(input_shape: Tuple[int, int, int]):
     return keras.Input(shape=tuple(input_shape), dtype="float32", name="images")
 
 
-def _build_resnet50(input_shape, sync: bool) -> keras.Model:
+def _build_resnet50(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
     """torchvision ResNet-50 without ``fc``: 23,508,032 parameters, F = 2048."""
     inputs = _input(input_shape)
     # Stem: 7x7/2 conv (pad 3) -> BN -> ReLU -> 3x3/2 max-pool (pad 1).
@@ -187,24 +195,25 @@ def _build_resnet50(input_shape, sync: bool) -> keras.Model:
     x = layers.ZeroPadding2D(padding=1, name="maxpool_pad")(x)
     x = layers.MaxPooling2D(pool_size=3, strides=2, padding="valid", name="maxpool")(x)
     x = _resnet_stages(x, _bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], sync)
-    return keras.Model(inputs, _pool(x), name="resnet50")
+    return keras.Model(inputs, _pool(x, pool_grid), name="resnet50")
 
 
-def _build_cifar_resnet18(input_shape, sync: bool) -> keras.Model:
+def _build_cifar_resnet18(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
     """CIFAR ResNet-18: 3x3/1 stem and no max-pool keep 32 px inputs usable, F = 512."""
     inputs = _input(input_shape)
     x = _conv_bn(inputs, 64, 3, 1, "conv1", "bn1", sync)
     x = _resnet_stages(x, _basic_block, [2, 2, 2, 2], [64, 128, 256, 512], sync)
-    return keras.Model(inputs, _pool(x), name="cifar_resnet18")
+    return keras.Model(inputs, _pool(x, pool_grid), name="cifar_resnet18")
 
 
 SMALL_CONVNET_WIDTHS = (32, 64, 128, 256)
 
 
-def _build_small_convnet(input_shape, sync: bool, widths=None) -> keras.Model:
+def _build_small_convnet(input_shape, sync: bool, widths=None, pool_grid: int = 1
+                         ) -> keras.Model:
     """Tiny 4-layer convnet (widths 32-64-128-256, strides 1-2-2-2) for fast CPU runs.
 
-    F = the last width (256).
+    F = pool_grid² × the last width (256 with global pooling; a 28 px input ends at 4×4).
     """
     widths = tuple(int(w) for w in (widths or SMALL_CONVNET_WIDTHS))
     if len(widths) != 4 or min(widths) < 1:
@@ -213,7 +222,7 @@ def _build_small_convnet(input_shape, sync: bool, widths=None) -> keras.Model:
     x = inputs
     for i, (filters, stride) in enumerate(zip(widths, [1, 2, 2, 2])):
         x = _conv_bn(x, filters, 3, stride, f"conv{i + 1}", f"bn{i + 1}", sync)
-    return keras.Model(inputs, _pool(x), name="small_convnet")
+    return keras.Model(inputs, _pool(x, pool_grid), name="small_convnet")
 
 
 # name -> (builder, default input shape)
@@ -232,28 +241,33 @@ def build_backbone(
     input_shape: Optional[Tuple[int, int, int]] = None,
     sync_batchnorm: bool = False,
     widths: Optional[Sequence[int]] = None,
+    pool_grid: int = 1,
 ) -> keras.Model:
     """Build a backbone mapping images ``[B, H, W, C]`` to features ``[B, F]``.
 
     Args:
       name: one of :data:`BACKBONE_NAMES` (``"resnet50"`` F=2048,
-        ``"cifar_resnet18"`` F=512, ``"small_convnet"`` F=256).
+        ``"cifar_resnet18"`` F=512, ``"small_convnet"`` F=256, times ``pool_grid²``).
       input_shape: ``(H, W, C)``; ``None`` uses the backbone's natural size
         (224x224x3, 32x32x3 and 28x28x1 respectively).
       sync_batchnorm: use ``BatchNormalization(synchronized=True)`` so batch
         statistics are computed over the global batch in multi-device runs.
       widths: ``small_convnet``'s four conv widths (F = the last); ``None``: its
         default.  The ResNets have fixed widths.
+      pool_grid: 1 for global average pooling; g > 1 averages each cell of a g×g grid of the
+        last feature map and flattens them (the map must be at least g×g).
 
     Raises:
-      ValueError: if ``name`` is not a known backbone.
+      ValueError: if ``name`` is not a known backbone or ``pool_grid`` is not positive.
     """
     if name not in _BACKBONES:
         raise ValueError(
             f"Unknown backbone {name!r}; known backbones: {', '.join(BACKBONE_NAMES)}"
         )
     builder, default_shape = _BACKBONES[name]
-    options = {}
+    if int(pool_grid) < 1:
+        raise ValueError(f"pool_grid must be a positive integer, got {pool_grid}")
+    options = {"pool_grid": int(pool_grid)}
     if widths is not None:
         if name != "small_convnet":
             raise ValueError(f"widths apply to small_convnet only, not {name!r}")

@@ -5,7 +5,7 @@ import os
 
 import keras
 
-from caco_tf import evaluation
+from caco_tf import evaluation, layers
 
 
 class HistoryJSON(keras.callbacks.Callback):
@@ -101,3 +101,28 @@ class KNNMonitor(keras.callbacks.Callback):
         test_features, test_labels = evaluation.extract_features(backbone, self.test_data)
         return 100.0 * evaluation.knn_accuracy(train_features, train_labels, test_features,
                                                test_labels, self.k, self.temperature)
+
+
+class PreciseBatchNorm(keras.callbacks.Callback):
+    """After the last epoch, re-estimate the backbone's BatchNorm moving statistics on
+    un-augmented training images (``layers.recalibrate_batchnorm``).
+
+    Place it before the checkpoint callback, so that the saved weights (and the evaluation and
+    export that follow ``fit``) carry the new statistics; after the kNN monitor, so that its
+    curve compares like with like.  Training is unaffected: the query encoder normalizes with
+    batch statistics, and the key encoder keeps its own moving statistics.
+
+    Args:
+      data: batched dataset of normalized images, or of (images, labels) pairs (labels unused).
+      backbone: the model to recalibrate (default: ``self.model.backbone``).
+    """
+
+    def __init__(self, data, backbone=None):
+        super().__init__()
+        self.data, self.backbone = data, backbone
+        self.images = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.params and epoch + 1 == self.params.get("epochs"):
+            self.images = layers.recalibrate_batchnorm(self.backbone or self.model.backbone,
+                                                       self.data)

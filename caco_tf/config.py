@@ -43,6 +43,9 @@ DEFAULTS = {
     "model": {
         "backbone": "small_convnet",  # small_convnet | cifar_resnet18 | resnet50
         "widths": None,            # small_convnet's 4 conv widths (None: 32, 64, 128, 256)
+        # Features: 1 = global average pooling (F = last width); g > 1 = the mean of each cell of
+        # a g×g grid over the last feature map, flattened (F = g²·width; keeps coarse layout).
+        "pool_grid": 1,
         "projector_hidden": 2048,
         "embedding_dim": 256,
         "sync_batchnorm": None,    # None: synchronized BatchNorm exactly when replicas > 1
@@ -71,6 +74,10 @@ DEFAULTS = {
         "seed": 0,
         "jit_compile": False,
         "precision": "float32",    # float32 | mixed_float16 | mixed_bfloat16 (keras policy)
+        # After the last epoch, re-estimate the backbone's BatchNorm statistics on this many
+        # un-augmented training images, an even sample (0: off, the paper's protocol;
+        # callbacks.PreciseBatchNorm).  Training itself is unchanged.
+        "precise_bn_images": 0,
     },
     "distribute": {
         "strategy": "auto",        # auto | default | mirrored | multiworker (caco_tf.distribute)
@@ -176,10 +183,13 @@ def _validate(config):
     positive = [("train", "epochs"), ("train", "batch_size"), ("caco", "bank_size"),
                 ("caco", "temperature"), ("caco", "bank_temperature"), ("model", "embedding_dim"),
                 ("evaluation", "knn_k"), ("data", "image_size"), ("data", "channels"),
-                ("evaluation", "knn_monitor_k"), ("evaluation", "knn_monitor_temperature")]
+                ("evaluation", "knn_monitor_k"), ("evaluation", "knn_monitor_temperature"),
+                ("model", "pool_grid")]
     for section, key in positive:
         if config[section][key] <= 0:
             raise ConfigError(f"{section}.{key} must be positive, got {config[section][key]}")
+    if config["train"]["precise_bn_images"] < 0:
+        raise ConfigError("train.precise_bn_images must be 0 (off) or positive")
     if config["evaluation"]["knn_monitor_every"] < 0:
         raise ConfigError("evaluation.knn_monitor_every must be 0 (off) or positive")
     if not 0 <= config["caco"]["warmup_epochs"] < config["train"]["epochs"]:

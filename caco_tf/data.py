@@ -616,17 +616,20 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
 
 
 def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, channels=None,
-                 skipped=None):
+                 skipped=None, every=1):
     """Images (and labels) in order, normalized as for evaluation, no augmentation.
 
     ``images``: a uint8 array (used as it is) or a source, whose images are decoded (bad files
     skipped, with their labels), resized so the shorter side is ``image_size`` / 0.875 and
     centre-cropped to ``image_size`` — exactly the exported model's preprocessing.  A source
-    yields its own labels when it has them.
+    yields its own labels when it has them.  ``every``: only every ``every``-th image (an even
+    sample of a source stored class by class).
     """
     if isinstance(images, ArraySource) and image_size in (None, images.images.shape[1]):
         images, labels = images.images, images.labels  # already at size: the array path
     if not isinstance(images, (ArraySource, FileSource, TFDSSource)):
+        images = images[::every]
+        labels = None if labels is None else labels[::every]
         dataset = tf.data.Dataset.from_tensor_slices(images).batch(batch_size)
         dataset = dataset.map(lambda x: normalize(to_unit_float(x)),
                               num_parallel_calls=tf.data.AUTOTUNE)
@@ -652,10 +655,11 @@ def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, ch
         image = export.resize_and_center_crop(to_unit_float(image)[None], size)[0]
         return index, (image, label, ok)
 
-    dataset = source.ordered().enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = source.ordered().shard(every, 0).enumerate().map(
+        prepare, num_parallel_calls=tf.data.AUTOTUNE)
     if source.encoded:
         # A sentinel after the last image makes a dropped last file a gap too.
-        end = tf.data.Dataset.from_tensors((tf.constant(len(source), tf.int64), (
+        end = tf.data.Dataset.from_tensors((tf.constant(-(-len(source) // every), tf.int64), (
             tf.zeros([size, size, channels]), tf.constant(-1, tf.int64), tf.constant(False))))
         dataset = _count_gaps(dataset.ignore_errors().concatenate(end), skipped)
     else:

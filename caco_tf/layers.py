@@ -71,3 +71,36 @@ def synchronized_moments(inputs, axes):
     mean = total / count
     variance = tf.maximum(squares / count - tf.square(mean), 0.0)
     return tf.cast(mean, tf.float32), tf.cast(variance, tf.float32)
+
+
+def recalibrate_batchnorm(model, batches):
+    """Re-estimate the moving mean and variance of every BatchNormalization in ``model`` as the
+    image-weighted average of its batch statistics over ``batches`` ("precise BN", Wu & Johnson
+    2021, *Rethinking "Batch" in BatchNorm*).  Returns the number of images used.
+
+    Pre-training fills the moving statistics from the last few batches of *augmented* views
+    (momentum 0.9, torch's default), while the backbone is then used on un-augmented images;
+    re-estimating them on those images (no labels, no other variable changes) gives the
+    statistics of the distribution that evaluation and export see.  Each forward runs in
+    training mode, so every layer's statistics are those of its input as normalized during
+    training.  Runs eagerly (the momentum changes per batch); in a cross-replica context the
+    mirrored moving statistics get the same value on every replica.
+
+    ``batches``: normalized images ``[B, H, W, C]``, or ``(images, labels)`` pairs.
+    """
+    norms = [layer for layer in model._flatten_layers(include_self=False)
+             if isinstance(layer, keras.layers.BatchNormalization)]
+    momenta = [layer.momentum for layer in norms]
+    seen = 0
+    try:
+        for batch in batches:
+            images = batch[0] if isinstance(batch, (tuple, list)) else batch
+            count = int(images.shape[0])
+            for layer in norms:  # new = old·seen/(seen+B) + batch·B/(seen+B): a running mean
+                layer.momentum = seen / (seen + count)
+            model(images, training=True)
+            seen += count
+    finally:
+        for layer, momentum in zip(norms, momenta):
+            layer.momentum = momentum
+    return seen

@@ -62,7 +62,7 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
     # Multi-crop feeds crops of two sizes: the backbone takes any size.
     backbone = backbones.build_backbone(
         model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
-        sync_batchnorm=sync, widths=model_config["widths"])
+        sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"])
     projector = backbones.build_projector(
         backbone.output_shape[-1], model_config["projector_hidden"],
         model_config["embedding_dim"], sync_batchnorm=sync)
@@ -154,7 +154,8 @@ def run(config, run_dir, verbose=1):
     model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
               shuffle=False,  # the dataset shuffles itself, once per epoch
               verbose=verbose if chief else 0,
-              callbacks=_callbacks(run_dir, chief, monitor) + [skipped.callback()])
+              callbacks=_callbacks(run_dir, chief, monitor, precise_bn(config, views, train))
+              + [skipped.callback()])
     if not chief:
         return {}
 
@@ -202,10 +203,22 @@ def knn_monitor(config, views, train, held_out):
         temperature=config["evaluation"]["knn_monitor_temperature"])
 
 
-def _callbacks(run_dir, chief, monitor=None):
-    """Resume state for every process; monitor, logs, TensorBoard, checkpoints: chief only.
+def precise_bn(config, views, train):
+    """The ``PreciseBatchNorm`` callback of ``train.precise_bn_images``, or None (0: off)."""
+    count = config["train"]["precise_bn_images"]
+    if not count:
+        return None
+    every = max(1, len(train) // count)
+    return callbacks.PreciseBatchNorm(eval_dataset(config, views, train, every=every))
 
-    The monitor comes before the loggers: they record what it adds to the epoch's logs.
+
+def _callbacks(run_dir, chief, monitor=None, precise=None):
+    """Resume state for every process; monitor, BatchNorm re-estimation, logs, TensorBoard,
+    checkpoints: chief only (only the chief evaluates and exports).
+
+    The monitor comes before the loggers: they record what it adds to the epoch's logs; the
+    re-estimation after the monitor (its curve compares like with like) and before the
+    checkpoint (which saves the new statistics).
     """
     resume = callbacks.resumable(run_dir, writer=chief)
     if not chief:
@@ -215,7 +228,7 @@ def _callbacks(run_dir, chief, monitor=None):
                keras.callbacks.ModelCheckpoint(
                    os.path.join(run_dir, "checkpoints", "last.weights.h5"),
                    save_weights_only=True)]
-    return [resume] + ([monitor] if monitor else []) + loggers
+    return [resume] + [callback for callback in (monitor, precise) if callback] + loggers
 
 
 @contextlib.contextmanager
@@ -243,11 +256,12 @@ def _is_distributed(model):
                for v in model.weights)
 
 
-def eval_dataset(config, views, source, skipped=None):
-    """(normalized images, labels) batches of a labelled source, as evaluation sees them."""
+def eval_dataset(config, views, source, skipped=None, every=1):
+    """Normalized image batches of a source (with its labels if any), as evaluation sees
+    them; ``every``: every ``every``-th image only."""
     return data.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
                              image_size=config["data"]["image_size"],
-                             channels=config["data"]["channels"], skipped=skipped)
+                             channels=config["data"]["channels"], skipped=skipped, every=every)
 
 
 def knn_top1(backbone, views, config, train, held_out):

@@ -65,6 +65,24 @@ def test_small_convnet_widths_set_the_feature_dim_and_are_checked():
         build_backbone("cifar_resnet18", widths=[16, 32, 64, 96])
 
 
+def test_pool_grid_averages_each_cell_of_the_last_map():
+    model = build_backbone("small_convnet", widths=[4, 4, 4, 3], pool_grid=2)
+    images = _images((28, 28, 1))
+    features = model(images, training=False).numpy()
+    assert features.shape == (2, 12)  # 2 × 2 cells × 3 channels
+    last = keras.Model(model.input, model.get_layer("bn4_relu").output)(images).numpy()
+    assert last.shape[1:3] == (4, 4)
+    cells = [last[:, r:r + 2, c:c + 2].mean(axis=(1, 2)) for r in (0, 2) for c in (0, 2)]
+    np.testing.assert_allclose(features, np.concatenate(cells, axis=-1), rtol=1e-5, atol=1e-6)
+    # Global pooling is the mean of the four cells: the grid features hold it linearly.
+    gap = build_backbone("small_convnet", widths=[4, 4, 4, 3])
+    gap.set_weights(model.get_weights())
+    np.testing.assert_allclose(gap(images, training=False), np.mean(cells, axis=0), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="pool_grid must be a positive integer"):
+        build_backbone("small_convnet", pool_grid=0)
+
+
 def test_default_input_shapes():
     assert build_backbone("small_convnet").input_shape == (None, 28, 28, 1)
     assert build_backbone("cifar_resnet18").input_shape == (None, 32, 32, 3)

@@ -204,6 +204,33 @@ def test_pretraining_logs_the_knn_monitor(tmp_path):
     assert pretrain.knn_monitor(config, None, None, None) is None
 
 
+def test_pretraining_saves_precise_batchnorm_statistics(tmp_path):
+    import tensorflow_datasets as tfds
+
+    from caco_tf import evaluate, pretrain
+    from caco_tf.config import ConfigError, load_config
+    from caco_tf.layers import recalibrate_batchnorm
+    from tiny_run import OVERRIDES
+
+    config = load_config(None, OVERRIDES + ["train.epochs=2", "train.precise_bn_images=24"])
+    with tfds.testing.mock_data(num_examples=48):
+        pretrain.run(config, str(tmp_path / "run"), verbose=0)
+        run = evaluate.load_run(str(tmp_path / "run"))
+        train, _ = pretrain.load_data(run.config)
+        every_other = pretrain.eval_dataset(run.config, run.views, train, every=2)
+        assert sum(len(images) for images, _ in every_other) == 24
+        norms = [layer for layer in run.model.backbone.layers
+                 if isinstance(layer, keras.layers.BatchNormalization)]
+        saved = [layer.moving_variance.numpy().copy() for layer in norms]
+        # The checkpoint holds the re-estimated statistics: re-estimating again changes nothing
+        # (training-mode forwards never read the moving statistics).
+        assert recalibrate_batchnorm(run.model.backbone, every_other) == 24
+    for layer, variance in zip(norms, saved):
+        np.testing.assert_allclose(layer.moving_variance.numpy(), variance, rtol=1e-4)
+    with pytest.raises(ConfigError, match="precise_bn_images must be 0"):
+        load_config(None, ["train.precise_bn_images=-1"])
+
+
 def test_monitor_settings_are_checked():
     from caco_tf.config import ConfigError, load_config
 
