@@ -265,9 +265,9 @@ def build_backbone(
             f"Unknown backbone {name!r}; known backbones: {', '.join(BACKBONE_NAMES)}"
         )
     builder, default_shape = _BACKBONES[name]
-    if int(pool_grid) < 1:
-        raise ValueError(f"pool_grid must be a positive integer, got {pool_grid}")
     options = {"pool_grid": int(pool_grid)}
+    if options["pool_grid"] < 1:
+        raise ValueError(f"pool_grid must be a positive integer, got {pool_grid}")
     if widths is not None:
         if name != "small_convnet":
             raise ValueError(f"widths apply to small_convnet only, not {name!r}")

@@ -120,9 +120,7 @@ class PreciseBatchNorm(keras.callbacks.Callback):
     def __init__(self, data, backbone=None):
         super().__init__()
         self.data, self.backbone = data, backbone
-        self.images = 0
 
     def on_epoch_end(self, epoch, logs=None):
         if self.params and epoch + 1 == self.params.get("epochs"):
-            self.images = layers.recalibrate_batchnorm(self.backbone or self.model.backbone,
-                                                       self.data)
+            layers.recalibrate_batchnorm(self.backbone or self.model.backbone, self.data)

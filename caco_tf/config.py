@@ -188,10 +188,9 @@ def _validate(config):
     for section, key in positive:
         if config[section][key] <= 0:
             raise ConfigError(f"{section}.{key} must be positive, got {config[section][key]}")
-    if config["train"]["precise_bn_images"] < 0:
-        raise ConfigError("train.precise_bn_images must be 0 (off) or positive")
-    if config["evaluation"]["knn_monitor_every"] < 0:
-        raise ConfigError("evaluation.knn_monitor_every must be 0 (off) or positive")
+    for section, key in [("train", "precise_bn_images"), ("evaluation", "knn_monitor_every")]:
+        if config[section][key] < 0:
+            raise ConfigError(f"{section}.{key} must be 0 (off) or positive")
     if not 0 <= config["caco"]["warmup_epochs"] < config["train"]["epochs"]:
         raise ConfigError("caco.warmup_epochs must be at least 0 and below train.epochs")
     choices = {("train", "precision"): ("float32", "mixed_float16", "mixed_bfloat16"),
