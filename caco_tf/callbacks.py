@@ -6,6 +6,7 @@ import os
 import keras
 
 from caco_tf import evaluation, layers
+from caco_tf.config import ConfigError
 
 
 class HistoryJSON(keras.callbacks.Callback):
@@ -42,22 +43,44 @@ class Resume(keras.callbacks.BackupAndRestore):
     falls back to the epoch before instead of failing to resume.
     """
 
-    def __init__(self, backup_dir, writer=True):
+    def __init__(self, backup_dir, writer=True, changes=(), restored=None):
         super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False,
                          double_checkpoint=True)
         self.writer = writer
+        self.changes = tuple(changes)  # settings changed since the backup, for the message
+        self.restored = restored  # called once the backup, if any, is restored
+
+    def on_train_begin(self, logs=None):
+        try:
+            super().on_train_begin(logs)
+        except ValueError as error:
+            # A backup of a model with other layers (online probe switched on, another
+            # backbone, ...): Keras lists the layers; the user needs the settings.
+            if not os.path.exists(self._weights_path):
+                raise
+            changed = (f"; settings changed since it was saved: {', '.join(self.changes)}"
+                       if self.changes else "")
+            raise ConfigError(
+                f"cannot resume from {self.backup_dir}: it holds a model of another "
+                f"shape{changed}. Re-run with the settings it was trained with, or pass "
+                f"another --run-dir") from error
+        if self.restored is not None:
+            self.restored()
 
     def _save_model(self):
         if self.writer:
             super()._save_model()
 
 
-def resumable(run_dir, writer=True):
+def resumable(run_dir, writer=True, changes=(), restored=None):
     """Resume state in ``run_dir/backup``: weights, optimizer, bank state and epoch.
 
     The backup is kept after the run ends, so re-running a finished command does not retrain.
+    ``changes``: the settings changed since the backup, named if it cannot be restored;
+    ``restored``: called once the backup, if any, is restored.
     """
-    return Resume(os.path.join(run_dir, "backup"), writer=writer)
+    return Resume(os.path.join(run_dir, "backup"), writer=writer, changes=changes,
+                  restored=restored)
 
 
 class KNNMonitor(keras.callbacks.Callback):

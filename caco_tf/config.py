@@ -144,6 +144,14 @@ def _flatten(tree, path=()):
 DEFAULTS_FLAT = _flatten(DEFAULTS)
 
 
+def changed_settings(old, new):
+    """``["key: old -> new", ...]`` for every flattened key whose value differs."""
+    old_flat, new_flat = _flatten(old), _flatten(new)
+    return [f"{'.'.join(key)}: {old_flat.get(key)!r} -> {new_flat.get(key)!r}"
+            for key in sorted(set(old_flat) | set(new_flat))
+            if old_flat.get(key) != new_flat.get(key)]
+
+
 def parse_assignment(text):
     """'caco.bank_lr=0.3' → {'caco': {'bank_lr': 0.3}} (the value is read as YAML)."""
     if "=" not in text:

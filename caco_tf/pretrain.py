@@ -17,7 +17,7 @@ import yaml
 from caco_tf import (augment, backbones, callbacks, data, distribute, evaluation, export,
                      optimizers)
 from caco_tf.ablations import model_class
-from caco_tf.config import ConfigError
+from caco_tf.config import ConfigError, changed_settings
 
 
 def load_data(config):
@@ -132,10 +132,17 @@ def run(config, run_dir, verbose=1):
     check_sizes(config, len(train))
     probe_classes = online_probe_classes(config, train)
     chief = distribute.is_chief(strategy)
-    if chief:
-        os.makedirs(run_dir, exist_ok=True)
+    changes = changes_since_backup(run_dir, config)
+
+    def write_config():
         with open(os.path.join(run_dir, "config.yaml"), "w") as handle:
             yaml.safe_dump(config, handle, sort_keys=False)
+
+    if chief:
+        os.makedirs(run_dir, exist_ok=True)
+        if not changes:
+            write_config()
+        # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
     batch = config["train"]["batch_size"]
     steps_per_epoch = len(train) // batch
@@ -154,7 +161,8 @@ def run(config, run_dir, verbose=1):
     model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
               shuffle=False,  # the dataset shuffles itself, once per epoch
               verbose=verbose if chief else 0,
-              callbacks=_callbacks(run_dir, chief, monitor, precise_bn(config, views, train))
+              callbacks=_callbacks(run_dir, chief, monitor, precise_bn(config, views, train),
+                                   changes, write_config if chief and changes else None)
               + [skipped.callback()])
     if not chief:
         return {}
@@ -170,6 +178,16 @@ def run(config, run_dir, verbose=1):
     with open(os.path.join(run_dir, "results.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     return results
+
+
+def changes_since_backup(run_dir, config):
+    """The settings that differ from the run folder's ``config.yaml`` when it holds a backup
+    (a run to resume), as ``config.changed_settings`` lists them; else []."""
+    previous = os.path.join(run_dir, "config.yaml")
+    if not (os.path.isdir(os.path.join(run_dir, "backup")) and os.path.exists(previous)):
+        return []
+    with open(previous) as handle:
+        return changed_settings(yaml.safe_load(handle) or {}, config)
 
 
 def online_probe_classes(config, train):
@@ -212,15 +230,16 @@ def precise_bn(config, views, train):
     return callbacks.PreciseBatchNorm(eval_dataset(config, views, train, every=every))
 
 
-def _callbacks(run_dir, chief, monitor=None, precise=None):
+def _callbacks(run_dir, chief, monitor=None, precise=None, changes=(), restored=None):
     """Resume state for every process; monitor, BatchNorm re-estimation, logs, TensorBoard,
     checkpoints: chief only (only the chief evaluates and exports).
 
     The monitor comes before the loggers: they record what it adds to the epoch's logs; the
     re-estimation after the monitor (its curve compares like with like) and before the
-    checkpoint (which saves the new statistics).
+    checkpoint (which saves the new statistics).  ``changes``, ``restored``: see
+    ``callbacks.resumable``.
     """
-    resume = callbacks.resumable(run_dir, writer=chief)
+    resume = callbacks.resumable(run_dir, writer=chief, changes=changes, restored=restored)
     if not chief:
         return [resume]
     loggers = [callbacks.HistoryJSON(os.path.join(run_dir, "history.json")),

@@ -1,6 +1,6 @@
 import pytest
 
-from caco_tf.config import ConfigError, load_config
+from caco_tf.config import ConfigError, changed_settings, load_config
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -37,3 +37,12 @@ def test_every_shipped_config_loads():
     assert len(paths) >= 5
     for path in paths:
         load_config(path)
+
+
+def test_changed_settings_names_each_differing_key_with_both_values():
+    old = load_config(None, ["train.epochs=2"])
+    new = load_config(None, ["train.epochs=3", "evaluation.online_probe=true"])
+    assert changed_settings(old, new) == ["evaluation.online_probe: False -> True",
+                                          "train.epochs: 2 -> 3"]
+    assert changed_settings(old, old) == []
+    assert changed_settings({"a": {"b": 1}}, {"a": {}}) == ["a.b: 1 -> None"]

@@ -112,10 +112,35 @@ def test_killed_run_resumes_from_its_last_epoch(small_data, tmp_path):
                                        "saved_model.pb"))
 
 
-def test_export_entry_point_rebuilds_the_run(small_data, tmp_path):
-    config = small_config(tmp_path, small_data, epochs=2)
-    run_dir = str(tmp_path / "run")
-    assert train("--config", config, "--run-dir", run_dir, "--quiet").returncode == 0
+@pytest.fixture(scope="module")
+def finished_run(small_data, tmp_path_factory):
+    """A finished 2-epoch run: (its config file, its run folder)."""
+    folder = tmp_path_factory.mktemp("finished")
+    config = small_config(folder, small_data, epochs=2)
+    run_dir = str(folder / "run")
+    result = train("--config", config, "--run-dir", run_dir, "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return config, run_dir
+
+
+def test_resuming_with_a_differently_shaped_model_is_a_one_line_error(finished_run):
+    config, run_dir = finished_run
+    saved_config = open(os.path.join(run_dir, "config.yaml")).read()
+    # The online probe adds layers the backup does not hold.
+    result = train("--config", config, "--run-dir", run_dir, "--quiet",
+                   "--set", "evaluation.online_probe=true", "--set", "train.epochs=3")
+    assert result.returncode == 2
+    error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "Traceback" not in result.stderr
+    assert "cannot resume from " + os.path.join(run_dir, "backup") in error[0]
+    assert ("settings changed since it was saved: evaluation.online_probe: False -> True, "
+            "train.epochs: 2 -> 3.") in error[0]
+    # The run folder still describes the backup, so evaluation and export keep working.
+    assert open(os.path.join(run_dir, "config.yaml")).read() == saved_config
+
+
+def test_export_entry_point_rebuilds_the_run(finished_run, tmp_path):
+    _, run_dir = finished_run
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, "export/export_saved_model.py", "--run", run_dir,
                              "--out", str(tmp_path / "served"), "--version", "7"], cwd=ROOT,
