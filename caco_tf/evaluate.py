@@ -2,7 +2,8 @@
 
     python -m caco_tf.evaluate knn    --run RUN_DIR [--data SOURCE] [--json OUT]
     python -m caco_tf.evaluate linear --run RUN_DIR [--data SOURCE] [--json OUT]
-                                      [--epochs 100] [--lr 0.03] [--augment none|imagenet|digits] ...
+                                      [--epochs 100] [--lr 0.03] [--l2 auto|λ]
+                                      [--augment none|imagenet|digits] ...
     python -m caco_tf.evaluate linear --pixels [--data mnist]      # raw-pixel baseline
 
 SOURCE: nothing (the run's own training images against its held-out split, from its
@@ -108,9 +109,12 @@ def default_json_path(run_dir, protocol, spec, pixels):
 
 def format_table(result):
     """One Markdown table row (with its header) for a result dict."""
-    setting = (f"k={result['k']}, T={result['temperature']:g}" if result["protocol"] == "knn"
-               else f"{result['epochs']} epochs, lr {result['learning_rate']:g}, "
-                    f"augment {result['augment']}")
+    if result["protocol"] == "knn":
+        setting = f"k={result['k']}, T={result['temperature']:g}"
+    else:
+        chosen = f" ({result['l2_folds']}-fold CV)" if "l2_scores" in result else ""
+        setting = (f"{result['epochs']} epochs, lr {result['learning_rate']:g}, "
+                   f"L2 {result['l2']:g}{chosen}, augment {result['augment']}")
     return "\n".join([
         "| protocol | encoder | data | train / test images | top-1 | top-5 |",
         "|---|---|---|---|---|---|",
@@ -144,7 +148,15 @@ def parse_args(argv):
                               help="SGD learning rate, cosine-decayed to 0 (default 0.03, "
                                    "chosen on the validation split)")
     linear_group.add_argument("--momentum", type=float, default=0.9)
-    linear_group.add_argument("--weight-decay", type=float, default=0.0)
+    linear_group.add_argument("--weight-decay", type=float, default=0.0,
+                              help="the optimizer's decoupled weight decay (default 0)")
+    linear_group.add_argument("--l2", default=None, metavar="auto|λ",
+                              help="L2 penalty λ‖W‖² on the Dense kernel; auto: the best of "
+                                   f"{', '.join(f'{v:g}' for v in linear.L2_GRID)} by k-fold "
+                                   "cross-validation on the training split (default: auto "
+                                   "with cached features, 0 with --augment)")
+    linear_group.add_argument("--l2-folds", type=int, default=linear.L2_FOLDS,
+                              help=f"folds of --l2 auto (default {linear.L2_FOLDS})")
     linear_group.add_argument("--augment", choices=linear.AUGMENTATIONS, default="none",
                               help="training views: none (features cached once), imagenet "
                                    "(RandomResizedCrop + flip) or digits (a mild random affine, "
@@ -152,6 +164,24 @@ def parse_args(argv):
     linear_group.add_argument("--no-standardize", action="store_true",
                               help="no BatchNormalization (without scale/offset) before Dense")
     return parser.parse_args(argv)
+
+
+def l2_setting(text, augment):
+    """``--l2``: "auto", λ ≥ 0, or None (unset: auto where features are cached, else 0)."""
+    if text is None:
+        return None
+    if text == "auto":
+        if augment != "none":
+            raise ConfigError("--l2 auto chooses λ on cached features: pass a number with "
+                              f"--augment {augment}")
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"--l2 must be auto or a number >= 0, got {text}")
+    return value
 
 
 def evaluate(args):
@@ -162,6 +192,9 @@ def evaluate(args):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.l2_folds < 2:
+        raise ConfigError(f"--l2-folds must be at least 2, got {args.l2_folds}")
+    l2 = l2_setting(args.l2, args.augment)
     run = load_run(args.run) if args.run else None
     config = run.config if run else DEFAULTS
     labelled = load_labelled_data(args.data, config)
@@ -178,7 +211,7 @@ def evaluate(args):
             epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
             momentum=args.momentum, weight_decay=args.weight_decay, augment=args.augment,
             batchnorm=not args.no_standardize, seed=args.seed,
-            verbose=2 if args.verbose else 0)
+            verbose=2 if args.verbose else 0, l2=l2, l2_folds=args.l2_folds)
     encoder = "raw pixels" if args.pixels else os.path.abspath(args.run)
     return {"protocol": args.protocol, "encoder": encoder, "data": labelled.name,
             "classes": labelled.num_classes, **result}

@@ -21,12 +21,19 @@ and centre-cropped to S (256 → 224 for ImageNet).  The splits are ``caco_tf.da
 The head standardizes its input with a BatchNormalization without scale and offset before the
 Dense layer (as MAE's linear probe does): at test time that is a fixed affine map, so the
 classifier stays linear in the features, and one learning rate suits features of any scale.
+
+The Dense kernel W carries an L2 penalty λ‖W‖² (a regularized multinomial logistic regression).
+On the cached path λ is chosen by default as the linear protocol the paper follows for transfer
+(BYOL's) does: on the training split only, here by k-fold cross-validation over ``L2_GRID``, then
+the classifier is trained on the whole training split with the chosen λ and tested once.  The
+test split never takes part in the choice.
 """
 
 import math
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from caco_tf import augment as augment_lib
@@ -36,6 +43,10 @@ AUGMENTATIONS = ("none", "imagenet", "digits")
 # The digits' training views: milder than pre-training's (crop area 0.3-1, rotation 15°), as
 # the ImageNet recipe drops the pre-training's colour ops and keeps crop and flip.
 DIGIT_AFFINE = dict(scale=(0.6, 1.0), rotation=10.0, shear=0.1, translate=0.1)
+# λ candidates (decades, as scikit-learn's LogisticRegressionCV spaces C) and folds of the
+# cross-validation that picks one.  0 keeps the unregularized classifier in the running.
+L2_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
+L2_FOLDS = 5
 
 
 class Preprocessing:
@@ -76,15 +87,20 @@ def random_resized_crop(image, seed, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 
     return tf.image.resize(crop, [size, size], method="bilinear")
 
 
-def linear_head(feature_dim, num_classes, batchnorm=True):
-    """Features [B, F] → logits [B, classes]: (parameter-free standardization →) one Dense."""
+def linear_head(feature_dim, num_classes, batchnorm=True, l2=0.0):
+    """Features [B, F] → logits [B, classes]: (parameter-free standardization →) one Dense.
+
+    ``l2``: λ of the penalty λ‖W‖² on the Dense kernel, added to the mean cross-entropy.
+    """
     inputs = keras.Input((feature_dim,), name="features")
     features = inputs
     if batchnorm:
         features = keras.layers.BatchNormalization(center=False, scale=False, momentum=0.9,
                                                    name="standardize")(features)
     # Zero init: the problem is convex, and a fixed start makes runs repeatable.
-    logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="linear")(features)
+    regularizer = keras.regularizers.L2(l2) if l2 else None
+    logits = keras.layers.Dense(num_classes, kernel_initializer="zeros",
+                                kernel_regularizer=regularizer, name="linear")(features)
     return keras.Model(inputs, logits, name="linear_head")
 
 
@@ -101,46 +117,130 @@ def compile_classifier(model, total_steps, learning_rate=0.03, momentum=0.9, wei
 
 def linear_evaluation(backbone, train, test, num_classes, preprocessing, epochs=100,
                       batch_size=256, learning_rate=0.03, momentum=0.9, weight_decay=0.0,
-                      augment="none", batchnorm=True, seed=0, verbose=0):
+                      augment="none", batchnorm=True, seed=0, verbose=0, l2=None,
+                      l2_grid=L2_GRID, l2_folds=L2_FOLDS):
     """Train one Dense layer on the frozen ``backbone``; top-1 and top-5 (%) on ``test``.
 
     ``train``, ``test``: labelled ``caco_tf.data`` sources (or anything ``data.eval_dataset``
-    takes with labels).  Returns a dict with ``top1``, ``top5``, the image counts and the
-    settings used.
+    takes with labels).  ``l2``: λ of the kernel's L2 penalty, or ``"auto"`` (cached path
+    only): the best of ``l2_grid`` by ``l2_folds``-fold cross-validation on ``train``
+    (:func:`select_l2`); None: ``"auto"`` on the cached path, 0 with training augmentation.  Returns a dict with ``top1``, ``top5``, the image counts, the
+    settings used and, for ``"auto"``, every candidate's cross-validated top-1 (``l2_scores``).
     """
     if augment not in AUGMENTATIONS:
         raise ValueError(f"augment must be one of {', '.join(AUGMENTATIONS)}, got {augment!r}")
+    if l2 is None:
+        l2 = "auto" if augment == "none" else 0.0
+    if l2 == "auto" and augment != "none":
+        raise ValueError("l2='auto' chooses λ on cached features: pass a number with "
+                         f"augment={augment!r}")
+    if l2 != "auto" and not float(l2) >= 0:
+        raise ValueError(f"l2 must be 'auto' or a number >= 0, got {l2!r}")
+    fit = dict(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+               momentum=momentum, weight_decay=weight_decay)
     keras.utils.set_random_seed(seed)
-    head = linear_head(int(backbone.output_shape[-1]), num_classes, batchnorm)
+    feature_dim = int(backbone.output_shape[-1])
+    l2_scores = None
     if augment == "none":
-        train_data, test_data, train_count, test_count = _cached_features(
-            backbone, train, test, preprocessing, batch_size, seed)
-        classifier = head
+        (train_features, train_labels), (test_features, test_labels) = _cached_features(
+            backbone, train, test, preprocessing, batch_size)
+        if l2 == "auto":
+            l2_scores = select_l2(train_features, train_labels, num_classes, l2_grid, l2_folds,
+                                  batchnorm=batchnorm, seed=seed, **fit)
+            l2 = best_l2(l2_scores)
+            keras.utils.set_random_seed(seed)  # the final fit starts as a fixed-λ run would
+        train_data = feature_batches(train_features, train_labels, batch_size, shuffle_seed=seed)
+        test_data = feature_batches(test_features, test_labels, batch_size)
+        train_count, test_count = len(train_features), len(test_features)
+        classifier = linear_head(feature_dim, num_classes, batchnorm, float(l2))
     else:
         train_data, train_count = _augmented_images(train, preprocessing, batch_size, seed,
                                                     augment)
         test_data, test_count = eval_batches(test, preprocessing, batch_size), len(test)
+        head = linear_head(feature_dim, num_classes, batchnorm, float(l2))
         classifier = _frozen_classifier(backbone, head, preprocessing)
-    steps = epochs * math.ceil(train_count / batch_size)
     trainable = backbone.trainable
     backbone.trainable = False  # only the head's variables train (restored below)
     try:
-        compile_classifier(classifier, steps, learning_rate, momentum, weight_decay)
-        classifier.fit(train_data, epochs=epochs, verbose=verbose)
-        with warnings.catch_warnings():
-            # Decoded sources drop bad files, so their length is unknown until the end; Keras
-            # warns when such a dataset ends, though evaluate wants exactly one pass.
-            warnings.filterwarnings("ignore", message="Your input ran out of data")
-            scores = classifier.evaluate(test_data, verbose=0, return_dict=True)
+        _train(classifier, train_data, train_count, verbose=verbose, **fit)
+        scores = _test(classifier, test_data)
     finally:
         backbone.trainable = trainable
-    return {"top1": 100.0 * float(scores["top1"]), "top5": 100.0 * float(scores["top5"]),
-            "loss": float(scores["loss"]), "train_images": int(train_count),
-            "test_images": int(test_count), "epochs": int(epochs), "batch_size": int(batch_size),
-            "learning_rate": float(learning_rate), "momentum": float(momentum),
-            "weight_decay": float(weight_decay), "augment": augment,
-            "standardize": bool(batchnorm),
-            "path": "cached features" if augment == "none" else "images"}
+    result = {"top1": 100.0 * float(scores["top1"]), "top5": 100.0 * float(scores["top5"]),
+              "loss": float(scores["loss"]), "train_images": int(train_count),
+              "test_images": int(test_count), "epochs": int(epochs),
+              "batch_size": int(batch_size), "learning_rate": float(learning_rate),
+              "momentum": float(momentum), "weight_decay": float(weight_decay),
+              "l2": float(l2), "augment": augment, "standardize": bool(batchnorm),
+              "path": "cached features" if augment == "none" else "images"}
+    if l2_scores is not None:
+        result.update(l2_folds=int(l2_folds),
+                      l2_scores={f"{value:g}": score for value, score in l2_scores.items()})
+    return result
+
+
+def select_l2(features, labels, num_classes, grid=L2_GRID, folds=L2_FOLDS, batchnorm=True,
+              seed=0, **fit):
+    """Cross-validated top-1 (%) of the linear head for each λ in ``grid``: {λ: score}.
+
+    ``features`` [N, F], ``labels`` [N]: the training split only.  The rows are shuffled
+    (``seed``) into ``folds`` parts; each λ trains on all parts but one and is scored on that
+    one, in turn, with the settings ``fit`` (epochs, batch_size, learning_rate, momentum,
+    weight_decay) of the final classifier.  Every λ sees the same folds.
+    """
+    folds = int(folds)
+    if folds < 2 or folds > len(features):
+        raise ValueError(f"l2_folds must be between 2 and the {len(features)} training images, "
+                         f"got {folds}")
+    if not grid or min(grid) < 0:
+        raise ValueError(f"l2_grid must hold numbers >= 0, got {grid!r}")
+    parts = np.array_split(np.random.default_rng(seed).permutation(len(features)), folds)
+    scores = {}
+    for l2 in grid:
+        correct = 0
+        for held in range(folds):
+            rest = np.concatenate([part for k, part in enumerate(parts) if k != held])
+            keras.utils.set_random_seed(seed)
+            head = linear_head(features.shape[1], num_classes, batchnorm, float(l2))
+            _train(head, feature_batches(features[rest], labels[rest], fit["batch_size"],
+                                         shuffle_seed=seed), len(rest), **fit)
+            top1 = _test(head, feature_batches(features[parts[held]], labels[parts[held]],
+                                               fit["batch_size"]))["top1"]
+            correct += float(top1) * len(parts[held])
+        scores[float(l2)] = 100.0 * correct / len(features)
+    return scores
+
+
+def best_l2(scores):
+    """The λ of the best score; ties go to the larger λ (the simpler classifier)."""
+    return max(scores, key=lambda l2: (scores[l2], l2))
+
+
+def feature_batches(features, labels, batch_size, shuffle_seed=None):
+    """(features, labels) batches; reshuffled every epoch when ``shuffle_seed`` is given."""
+    dataset = tf.data.Dataset.from_tensor_slices((features, labels))
+    if shuffle_seed is not None:
+        dataset = dataset.shuffle(len(features), seed=shuffle_seed,
+                                  reshuffle_each_iteration=True)
+    return dataset.batch(batch_size)
+
+
+def _train(classifier, train_data, train_count, epochs, batch_size, learning_rate, momentum,
+           weight_decay, verbose=0):
+    """Compile ``classifier`` (cosine over all its steps) and fit it for ``epochs``."""
+    steps = epochs * math.ceil(train_count / batch_size)
+    compile_classifier(classifier, steps, learning_rate, momentum, weight_decay)
+    # shuffle=False: the datasets shuffle themselves (Keras would warn it ignores the flag).
+    classifier.fit(train_data, epochs=epochs, verbose=verbose, shuffle=False)
+
+
+def _test(classifier, test_data):
+    """``classifier.evaluate`` over one pass of ``test_data``: loss, top1, top5 (fractions)."""
+    with warnings.catch_warnings():
+        # Decoded sources drop bad files, so their length is unknown until the end; Keras
+        # warns when such a dataset ends, though evaluate wants exactly one pass.
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        return classifier.evaluate(test_data, verbose=0, return_dict=True)
 
 
 def eval_batches(source, preprocessing, batch_size):
@@ -173,18 +273,11 @@ def _augmented_images(source, preprocessing, batch_size, seed, augment,
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE), count
 
 
-def _cached_features(backbone, train, test, preprocessing, batch_size, seed):
-    """The frozen features of both splits, computed once, as fit/evaluate datasets."""
-    train_features, train_labels = evaluation.extract_features(
-        backbone, eval_batches(train, preprocessing, batch_size), normalize=False)
-    test_features, test_labels = evaluation.extract_features(
-        backbone, eval_batches(test, preprocessing, batch_size), normalize=False)
-    train_data = (tf.data.Dataset.from_tensor_slices((train_features, train_labels))
-                  .shuffle(len(train_features), seed=seed, reshuffle_each_iteration=True)
-                  .batch(batch_size))
-    test_data = tf.data.Dataset.from_tensor_slices((test_features, test_labels)).batch(
-        batch_size)
-    return train_data, test_data, len(train_features), len(test_features)
+def _cached_features(backbone, train, test, preprocessing, batch_size):
+    """The frozen features of both splits, computed once: ((features, labels), (...))."""
+    return tuple(evaluation.extract_features(
+        backbone, eval_batches(source, preprocessing, batch_size), normalize=False)
+        for source in (train, test))
 
 
 def _frozen_classifier(backbone, head, preprocessing):

@@ -54,6 +54,10 @@ def test_linear_prints_table_and_final_line_and_writes_json(run_dir, capsys):
     assert re.fullmatch(r"linear top-1: \d+\.\d%", lines[-1])
     assert lines[-1] == f"linear top-1: {result['top1']:.1f}%"
     assert result["path"] == "cached features" and result["epochs"] == 3
+    # λ chosen by 5-fold cross-validation on the training split (the default).
+    assert result["l2_folds"] == 5 and set(result["l2_scores"]) == {"0", "0.0001", "0.001",
+                                                                    "0.01", "0.1"}
+    assert f"L2 {result['l2']:g} (5-fold CV)" in out
     assert result["classes"] == 10 and result["train_images"] == EXAMPLES
     assert 0.0 <= result["top1"] <= result["top5"] <= 100.0
 
@@ -103,6 +107,11 @@ def test_raw_pixel_baseline_needs_no_run(capsys, tmp_path):
     (["linear", "--pixels", "--epochs", "0"], "error: --epochs must be positive"),
     (["knn", "--pixels", "--data", "tfds:no_such_dataset_xyz"], "error: unknown TFDS data set"),
     (["knn", "--pixels", "--data", "bogus"], "error: unknown data source 'bogus'"),
+    (["linear", "--pixels", "--l2", "-1"], "error: --l2 must be auto or a number >= 0"),
+    (["linear", "--pixels", "--l2", "much"], "error: --l2 must be auto or a number >= 0"),
+    (["linear", "--pixels", "--l2-folds", "1"], "error: --l2-folds must be at least 2"),
+    (["linear", "--pixels", "--l2", "auto", "--augment", "digits"],
+     "error: --l2 auto chooses λ on cached features"),
 ])
 def test_bad_input_is_a_one_line_error(args, message, capsys):
     status, out, err = cli(capsys, *args)

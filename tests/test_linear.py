@@ -149,6 +149,77 @@ def test_head_trains_only_one_dense_layer():
     np.testing.assert_allclose(f(a) + f(b) - f(np.zeros_like(a)), f(a + b), atol=1e-4)
 
 
+def test_l2_penalty_is_lambda_times_the_squared_kernel_and_spares_the_bias():
+    head = linear.linear_head(5, 3, l2=0.25)
+    kernel = np.arange(15, dtype=np.float32).reshape(5, 3) / 10
+    head.layers[-1].kernel.assign(kernel)
+    head.layers[-1].bias.assign(np.ones(3, np.float32))
+    features = np.zeros((2, 5), np.float32)
+    head(features, training=False)
+    assert len(head.losses) == 1  # the kernel's; the bias and the standardization carry none
+    np.testing.assert_allclose(float(head.losses[0]), 0.25 * np.sum(kernel ** 2), rtol=1e-6)
+    assert linear.linear_head(5, 3).losses == []  # λ = 0: no penalty at all
+
+
+def test_best_l2_takes_the_top_score_and_breaks_ties_towards_more_regularization():
+    assert linear.best_l2({0.0: 90.0, 0.01: 91.0, 0.1: 89.0}) == 0.01
+    assert linear.best_l2({0.0: 91.0, 0.001: 91.0, 0.1: 90.5}) == 0.001
+    assert linear.best_l2({0.0: 80.0}) == 0.0
+
+
+def weak_dense_signal(count, dims=400, signal=0.1, seed=0):
+    """Two classes whose means differ a little in every one of many standardized dimensions."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, count)
+    shift = signal * (2 * labels - 1)[:, None]
+    return (rng.normal(size=(count, dims)) + shift).astype(np.float32), labels
+
+
+def test_cross_validation_scores_every_row_once_and_exposes_an_overstrong_penalty():
+    features, labels = weak_dense_signal(60)
+    fit = dict(epochs=50, batch_size=20, learning_rate=0.1, momentum=0.9, weight_decay=0.0)
+    scores = linear.select_l2(features, labels, 2, grid=(0.0, 1.0), folds=3, **fit)
+    assert set(scores) == {0.0, 1.0}
+    # λ = 1 pulls the 400 small weights the classes need towards zero: held-out rows show it.
+    assert scores[1.0] < scores[0.0] - 10.0
+    assert linear.best_l2(scores) == 0.0
+    for score in scores.values():  # each of the 60 rows is scored exactly once
+        assert score * 60 / 100 == pytest.approx(round(score * 60 / 100), abs=1e-4)
+    assert linear.select_l2(features, labels, 2, grid=(0.0, 1.0), folds=3, **fit) == scores
+
+
+def test_auto_l2_is_chosen_on_the_training_split_alone():
+    train = data.ArraySource(*blob_images(120, 8, seed=0))
+    images, labels = blob_images(60, 8, seed=1)
+    preprocessing = linear.Preprocessing(6, 1, 0.0, 1.0)
+    results = [linear.linear_evaluation(
+        linear.pixels_backbone(preprocessing), train, data.ArraySource(images, test_labels), 8,
+        preprocessing, epochs=5, batch_size=32, learning_rate=0.1, l2="auto",
+        l2_grid=(0.0, 0.01, 1.0), l2_folds=3)
+        for test_labels in (labels, (labels + 1) % 8)]  # right and wrong test labels
+    chosen, wrong = results
+    assert chosen["l2_scores"] == wrong["l2_scores"] and chosen["l2"] == wrong["l2"]
+    assert set(chosen["l2_scores"]) == {"0", "0.01", "1"} and chosen["l2_folds"] == 3
+    assert chosen["l2"] == linear.best_l2({float(k): v for k, v in
+                                           chosen["l2_scores"].items()})
+    assert chosen["top1"] > 90.0 > wrong["top1"]  # the test labels only affect the score
+    fixed = linear.linear_evaluation(
+        linear.pixels_backbone(preprocessing), train, data.ArraySource(images, labels), 8,
+        preprocessing, epochs=5, batch_size=32, learning_rate=0.1, l2=chosen["l2"])
+    assert fixed["top1"] == chosen["top1"] and "l2_scores" not in fixed  # the same final fit
+
+
+def test_auto_l2_needs_cached_features():
+    source = data.ArraySource(*blob_images(20, 4))
+    preprocessing = linear.Preprocessing(6, 1, 0.0, 1.0)
+    with pytest.raises(ValueError, match="l2='auto' chooses"):
+        linear.linear_evaluation(linear.pixels_backbone(preprocessing), source, source, 4,
+                                 preprocessing, epochs=1, augment="digits", l2="auto")
+    with pytest.raises(ValueError, match="l2_folds must be between 2"):
+        linear.select_l2(np.zeros((3, 2), np.float32), np.zeros(3), 2, folds=4, epochs=1,
+                         batch_size=2, learning_rate=0.1, momentum=0.9, weight_decay=0.0)
+
+
 def test_raw_pixels_on_real_digits_learn():
     split = data.load_offline_mnist()
     train = data.ArraySource(*(part[:1000] for part in split["train"]))
