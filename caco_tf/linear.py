@@ -22,11 +22,11 @@ The head standardizes its input with a BatchNormalization without scale and offs
 Dense layer (as MAE's linear probe does): at test time that is a fixed affine map, so the
 classifier stays linear in the features, and one learning rate suits features of any scale.
 
-The Dense kernel W carries an L2 penalty λ‖W‖² (a regularized multinomial logistic regression).
-On the cached path λ is chosen by default as the linear protocol the paper follows for transfer
-(BYOL's) does: on the training split only, here by k-fold cross-validation over ``L2_GRID``, then
-the classifier is trained on the whole training split with the chosen λ and tested once.  The
-test split never takes part in the choice.
+The Dense kernel W carries an L2 penalty λ‖W‖² (a regularized multinomial logistic
+regression).  On the cached path λ is chosen by default as the linear protocol the paper follows
+for transfer (BYOL's) does: on the training split only, here by k-fold cross-validation over
+``L2_GRID``; then the classifier is trained on the whole training split with the chosen λ and
+tested once.  The test split never takes part in the choice.
 """
 
 import math
@@ -124,8 +124,9 @@ def linear_evaluation(backbone, train, test, num_classes, preprocessing, epochs=
     ``train``, ``test``: labelled ``caco_tf.data`` sources (or anything ``data.eval_dataset``
     takes with labels).  ``l2``: λ of the kernel's L2 penalty, or ``"auto"`` (cached path
     only): the best of ``l2_grid`` by ``l2_folds``-fold cross-validation on ``train``
-    (:func:`select_l2`); None: ``"auto"`` on the cached path, 0 with training augmentation.  Returns a dict with ``top1``, ``top5``, the image counts, the
-    settings used and, for ``"auto"``, every candidate's cross-validated top-1 (``l2_scores``).
+    (:func:`select_l2`); None: ``"auto"`` on the cached path, 0 with training augmentation.
+    Returns a dict with ``top1``, ``top5``, the image counts, the settings used and, for
+    ``"auto"``, every candidate's cross-validated top-1 (``l2_scores``) and ``l2_folds``.
     """
     if augment not in AUGMENTATIONS:
         raise ValueError(f"augment must be one of {', '.join(AUGMENTATIONS)}, got {augment!r}")
