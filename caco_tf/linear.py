@@ -196,18 +196,19 @@ def select_l2(features, labels, num_classes, grid=L2_GRID, folds=L2_FOLDS, batch
     if not grid or min(grid) < 0:
         raise ValueError(f"l2_grid must hold numbers >= 0, got {grid!r}")
     parts = np.array_split(np.random.default_rng(seed).permutation(len(features)), folds)
+    splits = [(np.concatenate(parts[:k] + parts[k + 1:]), held)  # (train rows, held-out rows)
+              for k, held in enumerate(parts)]
     scores = {}
     for l2 in grid:
         correct = 0
-        for held in range(folds):
-            rest = np.concatenate([part for k, part in enumerate(parts) if k != held])
+        for rest, held in splits:
             keras.utils.set_random_seed(seed)
             head = linear_head(features.shape[1], num_classes, batchnorm, float(l2))
             _train(head, feature_batches(features[rest], labels[rest], fit["batch_size"],
                                          shuffle_seed=seed), len(rest), **fit)
-            top1 = _test(head, feature_batches(features[parts[held]], labels[parts[held]],
+            top1 = _test(head, feature_batches(features[held], labels[held],
                                                fit["batch_size"]))["top1"]
-            correct += float(top1) * len(parts[held])
+            correct += float(top1) * len(held)
         scores[float(l2)] = 100.0 * correct / len(features)
     return scores
 
