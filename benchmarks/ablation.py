@@ -32,7 +32,7 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from caco_tf.config import METHODS, ConfigError, load_config  # noqa: E402
+from caco_tf.training.config import METHODS, ConfigError, load_config  # noqa: E402
 
 # Table order: the paper's four ablation rows, then the two baselines.
 SETTINGS = ("none", "positive", "negative", "caco", "moco_v2", "simclr")

@@ -35,8 +35,8 @@ def measure(args):
     import keras
     import tensorflow as tf
 
-    from caco_tf import config as config_lib
-    from caco_tf import pretrain
+    from caco_tf import build
+    from caco_tf.training import config as config_lib
 
     rows = {}
     for size in args.sizes:
@@ -44,7 +44,7 @@ def measure(args):
             f"caco.bank_size={size}", f"model.embedding_dim={args.dim}", "caco.warmup_epochs=0",
             f"train.batch_size={args.batch}"])
         keras.utils.set_random_seed(0)
-        model = pretrain.build_model(config, step_time.STEPS_PER_EPOCH)
+        model = build.build_model(config, step_time.STEPS_PER_EPOCH)
         embeddings = [tf.math.l2_normalize(tf.random.stateless_normal(
             [args.batch, args.dim], seed=[seed, 3]), -1) for seed in range(4)]
         rows[size] = {

@@ -29,7 +29,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from caco_tf import augment, backbones, export  # noqa: E402
+from caco_tf.data import augment  # noqa: E402
+from caco_tf.nets import backbones  # noqa: E402
+from caco_tf.serving import export  # noqa: E402
 
 TITLE = "## SavedModel export throughput"
 BATCH = 256

@@ -44,7 +44,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from caco_tf import augment, data  # noqa: E402
+from caco_tf import data  # noqa: E402
+from caco_tf.data import augment  # noqa: E402
 
 TITLE = "## Input pipeline throughput"
 BEGIN, END = "<!-- input_pipeline: begin -->", "<!-- input_pipeline: end -->"
@@ -262,7 +263,7 @@ def section(medians, rates, ratios, ops, args, argv, jpeg_kb, load):
     if ops:
         lines += ["", "Single ops, ms per 224² view (batch of 16, median of "
                       f"{args.repeats}), ours against the layer it replaces "
-                      "(see `caco_tf/augment.py`). The pipeline compiles everything a view "
+                      "(see `caco_tf/data/augment.py`). The pipeline compiles everything a view "
                       "gets after its crop with XLA (`augment.colour_view`); \"without XLA\" "
                       "runs the same function as plain TF kernels (`augment.JIT_COMPILE = "
                       "False`):", "",

@@ -15,7 +15,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from caco_tf import augment, backbones, data, evaluation  # noqa: E402
+from caco_tf import data  # noqa: E402
+from caco_tf.data import augment  # noqa: E402
+from caco_tf.evaluation import knn as evaluation  # noqa: E402
+from caco_tf.nets import backbones  # noqa: E402
 
 
 def main():

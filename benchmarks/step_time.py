@@ -16,7 +16,7 @@ c18_caco           CIFAR ResNet-18, 32 px, batch 256, CaCo, K=16,384 (the CIFAR 
 c18_caco_xla       the same, ``jit_compile=True``
 =================  ===============================================  =========================
 
-Every model is built by ``pretrain.build_model`` from ``configs/imagenet_resnet50_b256.yaml``
+Every model is built by ``build.build_model`` from ``configs/imagenet_resnet50_b256.yaml``
 or ``configs/cifar10_resnet18.yaml`` (D=256, projector hidden 2048), with the batch, K, method
 and XLA setting above, ``warmup_epochs=0`` (every timed step is a CaCo step with the learned
 bank, or a MoCo v2 step with the FIFO queue) and unsynchronized BatchNorm (one device).  Each
@@ -191,13 +191,13 @@ def prepare_config(name, args, tf):
     """Build one configuration's model and synthetic batch; its ``step`` runs one train step."""
     import keras
 
-    from caco_tf import config as config_lib
-    from caco_tf import pretrain
+    from caco_tf import build
+    from caco_tf.training import config as config_lib
 
     path, settings, batch = model_settings(name, args.quick)
     config = config_lib.load_config(os.path.join(ROOT, path), settings)
     keras.utils.set_random_seed(0)
-    model = pretrain.build_model(config, STEPS_PER_EPOCH)
+    model = build.build_model(config, STEPS_PER_EPOCH)
     size, channels = config["data"]["image_size"], config["data"]["channels"]
     views = tuple(tf.random.stateless_normal([batch, size, size, channels], seed=[seed, 0])
                   for seed in (1, 2))
@@ -264,7 +264,7 @@ def timed_steps(setups, args, memory):
 
 def config_result(setup, step_times, tensor_peak, peak_rss, load, args, tf):
     """A configuration's result dict for the parent; also times its bank part alone."""
-    from caco_tf import profiling
+    from caco_tf.nets import profiling
 
     config, model, batch = setup["config"], setup["model"], setup["batch"]
     size, channels = config["data"]["image_size"], config["data"]["channels"]
@@ -472,7 +472,7 @@ def section(results, matmul, args, argv, wall_s, pending=()):
          "one step of each, the order reversed every other round), so that the machine's "
          "drifts hit them alike; per configuration: " if args.interleave else
          "Each configuration in its own process: ")
-        + "the model from `pretrain.build_model` (float32, "
+        + "the model from `build.build_model` (float32, "
         f"one device, BatchNorm not synchronized, {heads}, `warmup_epochs=0`: every step is "
         "a CaCo step with the learned bank, or a MoCo v2 step with its FIFO queue), one "
         "synthetic two-view batch of random images in memory (no input pipeline), "

@@ -1,10 +1,73 @@
-"""caco-tf: CaCo (cooperative-adversarial contrastive learning) in Keras 3 / TensorFlow."""
+"""caco-tf: CaCo (cooperative-adversarial contrastive learning) in Keras 3 / TensorFlow.
 
+The public API, loaded on first use (``import caco_tf`` itself imports no TensorFlow)::
+
+    from caco_tf import CaCo, build_backbone, build_projector, build_encoder_optimizer
+
+Packages, lowest floor first: ``losses`` and ``bank`` (the method's math), ``nets``, ``data``,
+``training``, ``methods``, then ``build`` (a configuration → objects), ``evaluation``,
+``serving``, ``pretrain`` (a configuration → a trained run folder) and ``cli`` (the commands).
+"""
+
+import importlib
 import os
 
 # TensorFlow's default CPU allocator leaves every tensor over glibc's 32 MB mmap ceiling (a
 # K=65,536 bank is 64 MB) to a fresh mmap, so each step page-faults its bank-sized tensors anew;
 # the BFC pool (what TensorFlow uses on GPUs) keeps and reuses them.  It halved the bank part of
-# a step at K=65,536 (README "Performance").  Read when TensorFlow's runtime starts; an explicit
+# a step at K=65,536 (BENCHMARKS.md).  Read when TensorFlow's runtime starts; an explicit
 # TF_CPU_ALLOCATOR_USE_BFC=false in the environment wins.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+__version__ = "0.1.0"
+
+# Public name → the module that defines it.
+_API = {
+    "CaCo": "caco_tf.methods.caco",
+    "MoCoV2": "caco_tf.methods.moco_v2",
+    "SimCLR": "caco_tf.methods.simclr",
+    "InBatch": "caco_tf.methods.in_batch",
+    "NearestNeighbourPositive": "caco_tf.methods.nn_positive",
+    "AdversarialNegatives": "caco_tf.methods.adversarial_negatives",
+    "MomentumEncoderMethod": "caco_tf.methods.base",
+    "METHODS": "caco_tf.methods",
+    "build_backbone": "caco_tf.nets.backbones",
+    "build_projector": "caco_tf.nets.backbones",
+    "BACKBONE_NAMES": "caco_tf.nets.backbones",
+    "LARS": "caco_tf.training.optimizers",
+    "WarmupCosine": "caco_tf.training.optimizers",
+    "CosineMomentum": "caco_tf.training.optimizers",
+    "build_encoder_optimizer": "caco_tf.training.optimizers",
+    "paper_learning_rate": "caco_tf.training.optimizers",
+    "load_config": "caco_tf.training.config",
+    "DEFAULTS": "caco_tf.training.config",
+    "build_model": "caco_tf.build",
+    "load_run": "caco_tf.build",
+    "load_source": "caco_tf.data.sources",
+    "pretrain_dataset": "caco_tf.data.pipeline",
+    "eval_dataset": "caco_tf.data.pipeline",
+    "DigitViews": "caco_tf.data.augment",
+    "AsymmetricViews": "caco_tf.data.augment",
+    "MultiCropViews": "caco_tf.data.augment",
+    "KNNMonitor": "caco_tf.evaluation.monitor",
+    "knn_accuracy": "caco_tf.evaluation.knn",
+    "extract_features": "caco_tf.evaluation.knn",
+    "linear_evaluation": "caco_tf.evaluation.linear",
+    "export_backbone": "caco_tf.serving.export",
+    "UserError": "caco_tf.errors",
+    "ConfigError": "caco_tf.errors",
+    "DataError": "caco_tf.errors",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name):
+    if name not in _API:
+        raise AttributeError(f"module 'caco_tf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -7,102 +7,19 @@ A run folder holds ``config.yaml`` (resolved), ``tensorboard/``, ``backup/`` (re
 
 import contextlib
 import json
-import logging
 import os
 
 import keras
 import tensorflow as tf
 import yaml
 
-from caco_tf import (augment, backbones, callbacks, data, distribute, evaluation, export,
-                     optimizers)
-from caco_tf.ablations import model_class
-from caco_tf.config import ConfigError, changed_settings
-
-
-def load_data(config):
-    """The training source and the held-out source, if any.
-
-    The encoder never sees labels; they serve evaluation only (kNN, the online probe)."""
-    settings = config["data"]
-    return data.load_source(settings["source"], channels=settings["channels"],
-                            data_dir=settings["data_dir"], manual_dir=settings["manual_dir"])
-
-
-def build_views(config):
-    """The views ``data.views`` names (caco_tf.augment), at the configured sizes."""
-    settings = config["data"]
-    name, size, channels = settings["views"], settings["image_size"], settings["channels"]
-    if name == "digits":
-        return augment.DigitViews()
-    if name in ("asymmetric", "cifar", "imagenet"):  # the last two: the configs' names
-        return augment.AsymmetricViews(size, channels, scale=settings["crop_scale"],
-                                       blur_sigma=settings["blur_sigma"])
-    if name == "multicrop":
-        crops = settings["multicrop"]
-        return augment.MultiCropViews(
-            size, crops["local_size"], crops["local_crops"], crops["global_scale"],
-            crops["local_scale"], channels=channels, blur_sigma=settings["blur_sigma"])
-    raise ConfigError(f"data.views must be digits, asymmetric or multicrop, got {name!r}")
-
-
-def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
-    """The CaCo model, compiled with the paper's optimizer and schedules for this run.
-
-    Build it inside the strategy's scope.  BatchNorm is synchronized over the replicas (as in
-    the reference) unless ``model.sync_batchnorm`` says otherwise.  ``num_classes``: the
-    online probe's, when ``evaluation.online_probe`` is on (without it, no probe: a rebuilt
-    model still loads a probed run's checkpoint, the probe's weights left aside).
-    """
-    model_config, caco, train = config["model"], config["caco"], config["train"]
-    size, channels = config["data"]["image_size"], config["data"]["channels"]
-    sync = model_config["sync_batchnorm"]
-    sync = num_replicas > 1 if sync is None else sync
-    multi_crop = config["data"]["views"] == "multicrop"
-    # Multi-crop feeds crops of two sizes: the backbone takes any size.
-    backbone = backbones.build_backbone(
-        model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
-        sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"])
-    projector = backbones.build_projector(
-        backbone.output_shape[-1], model_config["projector_hidden"],
-        model_config["embedding_dim"], sync_batchnorm=sync)
-    total_steps = train["epochs"] * steps_per_epoch
-    # caco.method: CaCo or an ablation row / baseline, same arguments (caco_tf.ablations).
-    model = model_class(caco["method"])(
-        backbone, projector,
-        bank_size=caco["bank_size"],
-        temperature=caco["temperature"],
-        bank_temperature=caco["bank_temperature"],
-        bank_learning_rate=optimizers.WarmupCosine(caco["bank_lr"], total_steps),
-        bank_momentum=caco["bank_momentum"],
-        key_momentum=optimizers.CosineMomentum(caco["key_momentum"], total_steps),
-        warmup_steps=caco["warmup_epochs"] * steps_per_epoch,
-        warmup_temperature=caco["warmup_temperature"],
-        resync_after_warmup=caco["resync_after_warmup"],
-        online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
-        multi_crop=multi_crop)
-    model.compile(
-        optimizer=optimizers.build_encoder_optimizer(
-            train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
-            optimizer=train["optimizer"], learning_rate=train["learning_rate"],
-            weight_decay=train["weight_decay"], momentum=train["momentum"]),
-        jit_compile=use_xla(train["jit_compile"], num_replicas))
-    return model
-
-
-def use_xla(jit_compile, num_replicas):
-    """``train.jit_compile``, except for several replicas on CPUs.
-
-    XLA has no cross-device collectives on CPU ("Collectives are not yet implemented for CPU
-    devices when compiling with XLA"), so such a run (logical CPU devices, CPU-only workers)
-    compiles its step without XLA, with a warning; on GPUs the setting is kept.
-    """
-    if jit_compile and num_replicas > 1 and not tf.config.list_physical_devices("GPU"):
-        logging.getLogger(__name__).warning(
-            "train.jit_compile ignored: XLA has no collectives across CPU replicas (%d here)",
-            num_replicas)
-        return False
-    return jit_compile
+from caco_tf import data
+from caco_tf.build import build_model, build_views, load_data
+from caco_tf.evaluation import knn
+from caco_tf.evaluation.monitor import KNNMonitor
+from caco_tf.serving import export
+from caco_tf.training import callbacks, distribute
+from caco_tf.training.config import ConfigError, changed_settings
 
 
 def check_sizes(config, num_images):
@@ -215,7 +132,7 @@ def knn_monitor(config, views, train, held_out):
     every = config["evaluation"]["knn_monitor_every"]
     if not every or held_out is None or not train.has_labels:
         return None
-    return callbacks.KNNMonitor(
+    return KNNMonitor(
         eval_dataset(config, views, train), eval_dataset(config, views, held_out), every=every,
         k=config["evaluation"]["knn_monitor_k"],
         temperature=config["evaluation"]["knn_monitor_temperature"])
@@ -286,12 +203,12 @@ def eval_dataset(config, views, source, skipped=None, every=1):
 def knn_top1(backbone, views, config, train, held_out):
     """Held-out weighted kNN top-1 (%) against the training images, per the config."""
     skipped = data.SkippedFiles()
-    train_features, train_labels = evaluation.extract_features(
+    train_features, train_labels = knn.extract_features(
         backbone, eval_dataset(config, views, train, skipped))
-    test_features, test_labels = evaluation.extract_features(
+    test_features, test_labels = knn.extract_features(
         backbone, eval_dataset(config, views, held_out, skipped))
     skipped.report("kNN evaluation")
-    accuracy = evaluation.knn_accuracy(
+    accuracy = knn.knn_accuracy(
         train_features, train_labels, test_features, test_labels,
         k=config["evaluation"]["knn_k"], temperature=config["evaluation"]["knn_temperature"])
     return 100.0 * accuracy

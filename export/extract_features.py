@@ -1,63 +1,14 @@
-"""Batch feature extraction with an exported SavedModel (no keras, no training code).
+"""The same command as ``caco-extract`` (``caco_tf/cli/extract.py``), from a checkout.
 
-    python export/extract_features.py --model runs/mnist/saved_model/backbone/1 \\
-        (--images FOLDER | --npz FILE | --tfds NAME:SPLIT) --out DIR \\
-        [--batch-size 256] [--signature serving_default|embed]
-
-Writes DIR/features.npy, DIR/labels.npy (class index, -1 when unlabelled), DIR/classes.json
-and DIR/paths.txt (one name per row).  ``--model`` may also be the folder holding numbered
-versions (the newest is used).  Image files that cannot be decoded are skipped with a warning;
-a missing or empty source is a one-line ``error:`` and exit status 2.  See
-``caco_tf/extraction.py``.
+    python export/extract_features.py --help
 """
 
-import argparse
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Extract features with an exported SavedModel.")
-    parser.add_argument("--model", required=True, help="SavedModel folder (or its base path)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--images", metavar="FOLDER",
-                        help="image folder (jpg/jpeg/png/bmp/gif); sub-folders name classes")
-    source.add_argument("--npz", metavar="FILE", help=".npz with uint8 images (and labels)")
-    source.add_argument("--tfds", metavar="NAME:SPLIT", help="a TFDS split, e.g. cifar10:test")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--signature", default="serving_default",
-                        choices=["serving_default", "embed"])
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    if args.batch_size < 1:
-        parser.error("--batch-size must be at least 1")
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from caco_tf import extraction
-
-    try:
-        if args.images:
-            data = extraction.folder_source(args.images)
-        elif args.npz:
-            data = extraction.npz_source(args.npz)
-        else:
-            data = extraction.tfds_source(args.tfds)
-        signature = extraction.load_signature(args.model, args.signature)
-        result = extraction.extract(signature, data, args.out, batch_size=args.batch_size,
-                                    progress=not args.quiet)
-    except (extraction.ExtractionError, OSError) as error:  # OSError: the output folder
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if result.skipped:
-        names = ", ".join(result.skipped[:3]) + (", ..." if len(result.skipped) > 3 else "")
-        print(f"warning: skipped {len(result.skipped)} unreadable image file(s): {names}",
-              file=sys.stderr)
-    print(f"features: {os.path.abspath(os.path.join(args.out, 'features.npy'))} "
-          f"[{result.count}, {result.dim}]")
-    return 0
-
+from caco_tf.cli.extract import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,120 +1,14 @@
-"""Turn a published PyTorch CaCo checkpoint into a caco-tf run folder.
+"""The same command as ``caco-import-torch`` (``caco_tf/cli/import_torch.py``), from a checkout.
 
-    python export/import_torch.py CHECKPOINT.pth.tar --out RUN_DIR \\
-        [--config configs/imagenet_resnet50_b1024.yaml] [--set key=value ...] \\
-        [--steps-per-epoch N] [--saved-model] [--trust-pickle]
-
-Writes RUN_DIR/config.yaml (the config, with the projector and bank sizes read from the
-checkpoint), checkpoints/last.weights.h5 (query and key encoders, BatchNorm statistics, bank and
-bank momentum), import.json (where it came from), backup/ (so ``train.py --config
-RUN_DIR/config.yaml --run-dir RUN_DIR`` continues from the checkpoint's epoch; written when the
-steps per epoch are known: ``--steps-per-epoch`` or an ImageNet source) and, with
-``--saved-model``, saved_model/backbone/1 (TF Serving, ImageNet normalization).  Needs torch
-(``pip install "caco-tf[torch]"``).  A bad checkpoint is a one-line ``error:`` naming the key,
-exit status 2.  Mapping and checks: ``caco_tf/torch_import.py``.
+    python export/import_torch.py --help
 """
 
-import argparse
-import json
 import os
-import shutil
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_CONFIG = os.path.join(ROOT, "configs", "imagenet_resnet50_b1024.yaml")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def resume_point(config, epoch, steps_per_epoch):
-    """(our epoch, optimizer step) that continue the authors' ``epoch`` finished CaCo epochs.
-
-    The reference fills its bank in a separate pass before epoch 0; our runs count that pass
-    as ``caco.warmup_epochs`` of ``train.epochs``, so E of theirs is warmup_epochs + E of ours.
-    """
-    ours = min(config["caco"]["warmup_epochs"] + epoch, config["train"]["epochs"])
-    return ours, ours * steps_per_epoch
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Import a PyTorch CaCo checkpoint.")
-    parser.add_argument("checkpoint", help="the authors' checkpoint (.pth.tar)")
-    parser.add_argument("--out", required=True, help="run folder to write (must hold no run)")
-    parser.add_argument("--config", default=DEFAULT_CONFIG,
-                        help="run config to build the model and resume with "
-                             "(default: configs/imagenet_resnet50_b1024.yaml)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key, as in train.py")
-    parser.add_argument("--steps-per-epoch", type=int,
-                        help="training steps per epoch, to resume at the right step "
-                             "(default: from the data source's size, when known)")
-    parser.add_argument("--saved-model", action="store_true",
-                        help="also export saved_model/backbone/1 for serving")
-    parser.add_argument("--trust-pickle", action="store_true",
-                        help="let torch.load run pickled code (trusted files only)")
-    args = parser.parse_args(argv)
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, ROOT)
-    from caco_tf import torch_import
-    from caco_tf.config import ConfigError, load_config
-
-    try:
-        for used in ("checkpoints", "backup"):
-            if os.path.exists(os.path.join(args.out, used)):
-                raise ConfigError(f"{args.out} already holds a run ({used}/); choose another --out")
-        if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
-            raise ConfigError("--steps-per-epoch must be at least 1")
-        checkpoint = torch_import.load_checkpoint(args.checkpoint, args.trust_pickle)
-        sizes = torch_import.checkpoint_sizes(checkpoint)
-        config = load_config(args.config, [*args.set, *(
-            f"{section}.{key}={sizes[key]}" for section, key in (
-                ("model", "projector_hidden"), ("model", "embedding_dim"),
-                ("caco", "bank_size")))])
-        from caco_tf import pretrain
-        model = pretrain.build_model(config, steps_per_epoch=1)
-        info = torch_import.import_checkpoint(model, checkpoint)
-    except (ConfigError, torch_import.CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-    import yaml
-    os.makedirs(os.path.join(args.out, "checkpoints"), exist_ok=True)
-    with open(os.path.join(args.out, "config.yaml"), "w") as handle:
-        yaml.safe_dump(config, handle, sort_keys=False)
-
-    steps = args.steps_per_epoch
-    source_size = torch_import.TRAIN_SET_SIZES.get(config["data"]["source"])
-    if steps is None and source_size is not None:
-        steps = source_size // config["train"]["batch_size"]  # full batches, as the reference
-    record = {"checkpoint": os.path.abspath(args.checkpoint), **info, **sizes}
-    if steps is not None and info["epoch"] is not None:
-        record["resume_epoch"], step = resume_point(config, info["epoch"], steps)
-        model.optimizer.iterations.assign(step)
-        record["resume_step"] = step
-    weights = os.path.join(args.out, "checkpoints", "last.weights.h5")
-    model.save_weights(weights)
-    if "resume_epoch" in record:
-        # What keras' BackupAndRestore (train.py's resume) reads: weights and the epoch.
-        backup = os.path.join(args.out, "backup")
-        os.makedirs(backup)
-        shutil.copyfile(weights, os.path.join(backup, "latest.weights.h5"))
-        with open(os.path.join(backup, "training_metadata.json"), "w") as handle:
-            json.dump({"epoch": record["resume_epoch"], "batch": 0}, handle)
-    if args.saved_model:
-        from caco_tf import export
-        record["saved_model"] = export.export_backbone(
-            model.backbone, os.path.join(args.out, "saved_model"), config["data"]["image_size"],
-            config["data"]["channels"], torch_import.IMAGENET_MEAN, torch_import.IMAGENET_STD,
-            embedder=model.query_encoder)
-    with open(os.path.join(args.out, "import.json"), "w") as handle:
-        json.dump(record, handle, indent=1)
-
-    print(f"imported {info['tensors']} tensors (epoch {info['epoch']}) into "
-          f"{os.path.abspath(args.out)}")
-    if "resume_epoch" not in record:
-        print("no backup/ written (steps per epoch unknown: pass --steps-per-epoch to make "
-              "train.py continue from this checkpoint)")
-    return 0
-
+from caco_tf.cli.import_torch import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

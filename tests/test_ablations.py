@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import ablations, backbones, bank as bank_lib, losses, pretrain
-from caco_tf.config import ConfigError, load_config
-from caco_tf.layers import BatchNormalization
-from caco_tf.model import CaCo
+from caco_tf import bank as bank_lib
+from caco_tf import build, losses, methods
+from caco_tf.nets import backbones
+from caco_tf.training.config import ConfigError, load_config
+from caco_tf.nets.layers import BatchNormalization
+from caco_tf.methods import MomentumEncoderMethod
 
 BATCH, BANK, SIZE, TAU, BANK_TAU, BANK_LR = 8, 32, 12, 0.1, 0.2, 0.5
 
@@ -24,7 +26,7 @@ def tiny(method, warmup_steps=0, sync=False):
         keras.layers.ReLU(),
         keras.layers.GlobalAveragePooling2D()], name="backbone")
     projector = backbones.build_projector(4, hidden_dim=16, output_dim=6, sync_batchnorm=sync)
-    model = ablations.model_class(method)(
+    model = methods.model_class(method)(
         backbone, projector, bank_size=BANK, temperature=TAU, bank_temperature=BANK_TAU,
         bank_learning_rate=BANK_LR, bank_momentum=0.9, key_momentum=0.9,
         warmup_steps=warmup_steps)
@@ -137,7 +139,7 @@ def test_adversarial_negative_gradient_is_adcos_closed_form(embeddings):
 
 
 # ---------------------------------------------------------------------- one step of each
-@pytest.mark.parametrize("method", list(ablations.METHODS))
+@pytest.mark.parametrize("method", list(methods.METHODS))
 def test_every_method_fits_and_evaluates(method):
     model = tiny(method, warmup_steps=1)
     batches = [views(seed) for seed in range(3)]
@@ -236,10 +238,10 @@ def test_simclr_is_nt_xent_and_leaves_keys_and_bank_alone():
 # ---------------------------------------------------------------------- configuration
 def test_config_picks_the_class():
     overrides = ["model.projector_hidden=16", "model.embedding_dim=8", "caco.bank_size=64"]
-    for method, cls in ablations.METHODS.items():
+    for method, cls in methods.METHODS.items():
         config = load_config(None, overrides + [f"caco.method={method}"])
-        model = pretrain.build_model(config, steps_per_epoch=2)
-        assert type(model) is cls and isinstance(model, CaCo)
+        model = build.build_model(config, steps_per_epoch=2)
+        assert type(model) is cls and isinstance(model, MomentumEncoderMethod)
     assert load_config(None)["caco"]["method"] == "caco"
     with pytest.raises(ConfigError, match="caco.method must be one of caco, none"):
         load_config(None, ["caco.method=byol"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import augment
+from caco_tf.data import augment
 
 LUMA = np.asarray(augment.LUMA)
 

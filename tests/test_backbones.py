@@ -6,8 +6,8 @@ import tensorflow as tf
 import keras
 from keras import layers
 
-from caco_tf import backbones
-from caco_tf.backbones import BACKBONE_NAMES, build_backbone, build_projector
+from caco_tf.nets import backbones
+from caco_tf.nets.backbones import BACKBONE_NAMES, build_backbone, build_projector
 
 
 @pytest.fixture(autouse=True)

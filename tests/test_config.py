@@ -1,6 +1,6 @@
 import pytest
 
-from caco_tf.config import ConfigError, changed_settings, load_config
+from caco_tf.training.config import ConfigError, changed_settings, load_config
 
 
 def test_defaults_and_overrides(tmp_path):

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import augment, data, export
+from caco_tf import data
+from caco_tf.data import augment
+from caco_tf.data import images as image_ops
 
 
 def test_offline_split_is_the_fixed_permutation():
@@ -395,7 +397,7 @@ def test_labelled_multicrop_batches(tmp_path):
     assert_same_batches(plain, labelled, classes=3)
     crops, labels = labelled[0]
     assert [c.shape[1] for c in crops] == [8, 8, 4] and labels.shape == (5,)
-    from caco_tf.model import _crops, _labels
+    from caco_tf.methods.base import _crops, _labels
     assert len(_crops(labelled[0])) == 3 and _labels(labelled[0]) is labels
 
 
@@ -404,7 +406,7 @@ def test_labelled_tfds_batches_and_sharding():
     with tfds.testing.mock_data(num_examples=12):
         train, _ = data.load_source("tfds:mnist")
         assert data.num_classes(train) == 10
-        by_image = {export.decode_image(contents, 1).numpy().tobytes(): int(label)
+        by_image = {image_ops.decode_image(contents, 1).numpy().tobytes(): int(label)
                     for contents, label in train.ordered().as_numpy_iterator()}
         assert len(by_image) == 12
         for context in (None, tf.distribute.InputContext(2, 1, 2)):

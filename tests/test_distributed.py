@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import distribute
-from caco_tf.config import ConfigError
+from caco_tf.training import distribute
+from caco_tf.training.config import ConfigError
 from test_model import BATCH, one_batch_dataset, tiny_caco, views
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -193,7 +193,7 @@ def test_multiworker_run_survives_a_lost_worker(tmp_path):
 
 
 def test_xla_is_kept_on_one_device_and_dropped_across_cpu_replicas(caplog):
-    from caco_tf.pretrain import use_xla
+    from caco_tf.build import use_xla
     assert use_xla(True, 1) is True and use_xla(False, 2) is False
     assert not tf.config.list_physical_devices("GPU")  # the CI machine: CPU replicas only
     assert use_xla(True, 2) is False

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from caco_tf import evaluate, pretrain
+from caco_tf import build, pretrain
+from caco_tf.cli import evaluate
+from caco_tf.evaluation import protocols
 from tiny_run import make_run
 
 EXAMPLES = 48  # per mocked split
@@ -35,9 +37,9 @@ def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
     assert (result["train_images"], result["test_images"]) == (EXAMPLES, EXAMPLES)
     assert (result["k"], result["temperature"]) == (3, 0.07)  # the run's evaluation settings
     # The same number as train.py's end-of-run kNN (pretrain.knn_top1) on the same model.
-    run = evaluate.load_run(run_dir)
+    run = build.load_run(run_dir)
     with tfds.testing.mock_data(num_examples=EXAMPLES):
-        train, held_out = pretrain.load_data(run.config)
+        train, held_out = build.load_data(run.config)
         expected = pretrain.knn_top1(run.model.backbone, run.views, run.config, train, held_out)
     assert result["top1"] == pytest.approx(expected)
     assert result["top5"] >= result["top1"]
@@ -75,11 +77,11 @@ def test_transfer_to_a_tfds_dataset_by_name(run_dir, capsys, tmp_path):
 
 
 def test_default_json_name_names_the_data():
-    assert evaluate.default_json_path("R", "linear", "tfds:cifar10", False) == os.path.join(
+    assert protocols.default_json_path("R", "linear", "tfds:cifar10", False) == os.path.join(
         "R", "eval_linear_tfds_cifar10.json")
-    assert evaluate.default_json_path("R", "knn", None, True) == os.path.join(
+    assert protocols.default_json_path("R", "knn", None, True) == os.path.join(
         "R", "eval_knn_pixels.json")
-    assert evaluate.default_json_path(None, "knn", None, True) is None
+    assert protocols.default_json_path(None, "knn", None, True) is None
 
 
 def test_raw_pixel_baseline_needs_no_run(capsys, tmp_path):
@@ -126,3 +128,11 @@ def test_data_without_held_out_split_is_an_error(capsys, tmp_path):
     status, _, err = cli(capsys, "knn", "--pixels", "--data", f"npz:{path}")
     assert status == 2
     assert "has no labelled training and held-out splits" in err
+
+
+def test_the_commands_choices_are_the_linear_protocols():
+    """caco-evaluate spells the protocol's choices out so that --help needs no TensorFlow."""
+    from caco_tf.evaluation import linear
+
+    assert evaluate.AUGMENTATIONS == linear.AUGMENTATIONS
+    assert evaluate.L2_GRID == linear.L2_GRID and evaluate.L2_FOLDS == linear.L2_FOLDS

@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import backbones, callbacks, evaluation
-from caco_tf.layers import BatchNormalization
-from caco_tf.model import CaCo
+from caco_tf.evaluation import knn as evaluation
+from caco_tf.evaluation.monitor import KNNMonitor
+from caco_tf.nets import backbones
+from caco_tf.training import callbacks
+from caco_tf.nets.layers import BatchNormalization
+from caco_tf.methods import CaCo
 
 
 def _unit(x):
@@ -99,7 +102,7 @@ def test_knn_monitor_logs_every_n_epochs_and_the_last(tmp_path):
     train_x, test_x = rng.normal(size=(40, 6)), rng.normal(size=(20, 6))
     train_y, test_y = rng.integers(0, 3, 40), rng.integers(0, 3, 20)
     batches = lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(16)  # noqa: E731
-    monitor = callbacks.KNNMonitor(batches(train_x, train_y), batches(test_x, test_y), every=2,
+    monitor = KNNMonitor(batches(train_x, train_y), batches(test_x, test_y), every=2,
                                    k=3, temperature=0.1)
     path = str(tmp_path / "history.json")
     history = model.fit(rng.normal(size=(32, 6)), rng.normal(size=(32, 2)), epochs=3, verbose=0,
@@ -186,15 +189,15 @@ def test_online_probe_learns_a_linearly_decodable_label():
 def test_pretraining_logs_the_knn_monitor(tmp_path):
     import tensorflow_datasets as tfds
 
-    from caco_tf import pretrain
-    from caco_tf.config import load_config
+    from caco_tf import build, pretrain
+    from caco_tf.training.config import load_config
     from tiny_run import OVERRIDES
 
     config = load_config(None, OVERRIDES + ["train.epochs=3", "evaluation.knn_monitor_every=2",
                                             "evaluation.knn_monitor_k=4"])
     with tfds.testing.mock_data(num_examples=48):
-        monitor = pretrain.knn_monitor(config, pretrain.build_views(config),
-                                       *pretrain.load_data(config))
+        monitor = pretrain.knn_monitor(config, build.build_views(config),
+                                       *build.load_data(config))
         assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
         pretrain.run(config, str(tmp_path / "run"), verbose=0)
     rows = json.load(open(tmp_path / "run" / "history.json"))
@@ -207,16 +210,16 @@ def test_pretraining_logs_the_knn_monitor(tmp_path):
 def test_pretraining_saves_precise_batchnorm_statistics(tmp_path):
     import tensorflow_datasets as tfds
 
-    from caco_tf import evaluate, pretrain
-    from caco_tf.config import ConfigError, load_config
-    from caco_tf.layers import recalibrate_batchnorm
+    from caco_tf import build, pretrain
+    from caco_tf.training.config import ConfigError, load_config
+    from caco_tf.nets.layers import recalibrate_batchnorm
     from tiny_run import OVERRIDES
 
     config = load_config(None, OVERRIDES + ["train.epochs=2", "train.precise_bn_images=24"])
     with tfds.testing.mock_data(num_examples=48):
         pretrain.run(config, str(tmp_path / "run"), verbose=0)
-        run = evaluate.load_run(str(tmp_path / "run"))
-        train, _ = pretrain.load_data(run.config)
+        run = build.load_run(str(tmp_path / "run"))
+        train, _ = build.load_data(run.config)
         every_other = pretrain.eval_dataset(run.config, run.views, train, every=2)
         assert sum(len(images) for images, _ in every_other) == 24
         norms = [layer for layer in run.model.backbone.layers
@@ -232,7 +235,7 @@ def test_pretraining_saves_precise_batchnorm_statistics(tmp_path):
 
 
 def test_monitor_settings_are_checked():
-    from caco_tf.config import ConfigError, load_config
+    from caco_tf.training.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="knn_monitor_every must be 0"):
         load_config(None, ["evaluation.knn_monitor_every=-1"])
@@ -243,8 +246,8 @@ def test_monitor_settings_are_checked():
 def test_pretraining_with_the_online_probe(tmp_path, capsys):
     import tensorflow_datasets as tfds
 
-    from caco_tf import evaluate, pretrain
-    from caco_tf.config import load_config
+    from caco_tf import build, pretrain
+    from caco_tf.training.config import load_config
     from tiny_run import OVERRIDES
 
     # One epoch, no warm-up (the warm-up step's probe is tested above), no kNN monitor.
@@ -253,7 +256,7 @@ def test_pretraining_with_the_online_probe(tmp_path, capsys):
         "evaluation.online_probe=true"])
     run_dir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=48):
-        train, _ = pretrain.load_data(config)
+        train, _ = build.load_data(config)
         assert pretrain.online_probe_classes(config, train) == 10  # tfds:mnist's ClassLabel
         pretrain.run(config, run_dir, verbose=1)
         assert "probe_top1: " in capsys.readouterr().out  # the progress bar shows it
@@ -264,9 +267,9 @@ def test_pretraining_with_the_online_probe(tmp_path, capsys):
 
     # The run folder rebuilds without the probe (evaluate, export), its checkpoint loading
     # into it: the same encoder and bank as a rebuild with the probe, and trained ones.
-    run = evaluate.load_run(run_dir)
+    run = build.load_run(run_dir)
     assert run.model.online_probe is None
-    probed = pretrain.build_model(config, 1, num_classes=10)
+    probed = build.build_model(config, 1, num_classes=10)
     fresh = encoder_state(probed)
     probed.load_weights(os.path.join(run_dir, "checkpoints", "last.weights.h5"))
     for rebuilt, with_probe in zip(encoder_state(run.model), encoder_state(probed)):
@@ -279,8 +282,8 @@ def test_pretraining_with_the_online_probe(tmp_path, capsys):
 
 
 def test_the_online_probe_needs_a_labelled_training_source(tmp_path):
-    from caco_tf import pretrain
-    from caco_tf.config import ConfigError, load_config
+    from caco_tf import build, pretrain
+    from caco_tf.training.config import ConfigError, load_config
     from tiny_run import OVERRIDES
 
     images = np.random.default_rng(0).integers(0, 256, (48, 28, 28, 1), dtype=np.uint8)
@@ -293,4 +296,4 @@ def test_the_online_probe_needs_a_labelled_training_source(tmp_path):
     assert "\n" not in str(error.value)
     assert not (tmp_path / "run").exists()  # refused before anything is written
     config["evaluation"]["online_probe"] = False
-    assert pretrain.online_probe_classes(config, pretrain.load_data(config)[0]) is None
+    assert pretrain.online_probe_classes(config, build.load_data(config)[0]) is None

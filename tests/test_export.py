@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import backbones, export
-from caco_tf.model import build_encoder
+from caco_tf.nets import backbones
+from caco_tf.data import images as image_ops
+from caco_tf.serving import export
+from caco_tf.methods import build_encoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEAN, STD = 0.5, 0.25
@@ -116,7 +118,7 @@ def test_saved_model_cli_run_gives_the_keras_features(exported, tmp_path):
 def test_images_at_the_model_size_are_only_normalized():
     images = np.random.default_rng(1).integers(0, 256, size=(2, 8, 8, 3), dtype=np.uint8)
     mean, std = [0.1, 0.2, 0.3], [0.5, 0.25, 0.2]
-    out = export.preprocess(images, 8, mean, std).numpy()
+    out = image_ops.preprocess(images, 8, mean, std).numpy()
     np.testing.assert_allclose(out, (images / 255.0 - mean) / std, rtol=1e-6, atol=1e-6)
 
 
@@ -128,7 +130,7 @@ def test_other_sizes_resize_the_shorter_side_then_center_crop(height, width):
     images = np.zeros((1, height, width, 1), np.uint8)
     top, left = (height - 56) // 2, (width - 56) // 2
     images[:, top:top + 56, left:left + 56] = 255
-    out = export.preprocess(images, 28, MEAN, STD).numpy()
+    out = image_ops.preprocess(images, 28, MEAN, STD).numpy()
     assert out.shape == (1, 28, 28, 1)
     # Its outermost ring blends with the black just outside (antialiased bilinear).
     np.testing.assert_allclose(out[0, 1:-1, 1:-1], (1.0 - MEAN) / STD, atol=1e-5)
@@ -139,7 +141,7 @@ def test_imagenet_images_with_a_256_shorter_side_are_only_center_cropped_to_224(
     # Resize 256 → 256 is the identity, so the output is exactly the centre 224×224 window;
     # any other resize target would resample the random pixels.
     images = tf.random.stateless_uniform([1, 256, 341, 3], seed=[0, 1])
-    out = export.resize_and_center_crop(images, 224)
+    out = image_ops.resize_and_center_crop(images, 224)
     np.testing.assert_allclose(out, images[:, 16:240, 58:282], atol=1e-5)
 
 

@@ -6,7 +6,8 @@ import pytest
 import tensorflow_datasets as tfds
 from matplotlib.image import imread
 
-from caco_tf import figures
+from caco_tf.cli import figures as figures_cli
+from caco_tf.evaluation import figures
 from tiny_run import make_run
 
 
@@ -72,7 +73,7 @@ def test_prob_acc_plot_with_and_without_the_monitor(history, tmp_path):
 def test_the_three_figures_from_a_run_folder(tmp_path, capsys):
     run_dir, _ = make_run(tmp_path / "run", history=HISTORY)
     with tfds.testing.mock_data(num_examples=40):
-        status = figures.main(["--run", run_dir, "--points", "30", "--queries", "3",
+        status = figures_cli.main(["--run", run_dir, "--points", "30", "--queries", "3",
                                "--negatives", "4"])
     assert status == 0
     out = capsys.readouterr().out.splitlines()
@@ -83,6 +84,6 @@ def test_the_three_figures_from_a_run_folder(tmp_path, capsys):
 
 
 def test_not_a_run_folder_is_a_one_line_error(tmp_path, capsys):
-    assert figures.main(["--run", str(tmp_path)]) == 2
+    assert figures_cli.main(["--run", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no config.yaml in") and len(err.strip().splitlines()) == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf.layers import BatchNormalization, recalibrate_batchnorm
+from caco_tf.nets.layers import BatchNormalization, recalibrate_batchnorm
 
 
 def _run(layer, images, gamma):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import data, linear
-from caco_tf.layers import BatchNormalization
+from caco_tf import data
+from caco_tf.evaluation import linear
+from caco_tf.nets.layers import BatchNormalization
 
 
 def coordinate_image(height, width):

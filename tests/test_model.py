@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from caco_tf import backbones, bank as bank_lib, losses
-from caco_tf.layers import BatchNormalization
-from caco_tf.model import CaCo
+from caco_tf import bank as bank_lib
+from caco_tf import losses
+from caco_tf.nets import backbones
+from caco_tf.nets.layers import BatchNormalization
+from caco_tf.methods import CaCo
 
 BATCH, BANK, SIZE = 8, 32, 12
 

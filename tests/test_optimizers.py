@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from caco_tf.optimizers import (  # noqa: E402
+from caco_tf.training.optimizers import (  # noqa: E402
     LARS,
     CosineMomentum,
     WarmupCosine,

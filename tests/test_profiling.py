@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from caco_tf import backbones, profiling
+from caco_tf.nets import backbones, profiling
 
 
 def _conv_numpy(x, kernel, stride, pad, groups):

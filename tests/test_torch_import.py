@@ -19,9 +19,11 @@ import torch
 import yaml
 from torch import nn
 
-from caco_tf import callbacks, pretrain, torch_import
-from caco_tf.config import load_config
-from caco_tf.torch_import import CheckpointError
+from caco_tf import build
+from caco_tf.serving import torch_import
+from caco_tf.training import callbacks
+from caco_tf.training.config import load_config
+from caco_tf.serving.torch_import import CheckpointError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "imagenet_resnet50_b1024.yaml")
@@ -163,7 +165,7 @@ def imported(tmp_path_factory):
 
     # A fresh model from the written config, restored by the resume callback train.py uses.
     config = load_config(os.path.join(run_dir, "config.yaml"))
-    model = pretrain.build_model(config, steps_per_epoch=1)
+    model = build.build_model(config, steps_per_epoch=1)
     resume = callbacks.resumable(run_dir)
     resume.set_model(model)
     resume.on_train_begin()
@@ -325,7 +327,7 @@ class NoTorch:  # as if torch were not installed
         if name.split(".")[0] == "torch":
             raise ImportError("No module named 'torch'")
 sys.meta_path.insert(0, NoTorch())
-import caco_tf.torch_import as t, caco_tf.pretrain, caco_tf.export
+import caco_tf.serving.torch_import as t, caco_tf.pretrain, caco_tf.serving.export
 assert "torch" not in sys.modules
 try:
     t.load_checkpoint("x.pth.tar")

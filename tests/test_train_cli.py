@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from caco_tf import optimizers
+from caco_tf.training import optimizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4  # 256 images / batch 64
@@ -150,4 +150,4 @@ def test_export_entry_point_rebuilds_the_run(finished_run, tmp_path):
     missing = subprocess.run([sys.executable, "export/export_saved_model.py", "--run",
                               str(tmp_path / "nothing")], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
-    assert missing.returncode == 2 and "error: cannot read config" in missing.stderr
+    assert missing.returncode == 2 and "error: no config.yaml in " in missing.stderr

@@ -10,8 +10,8 @@ import os
 import keras
 import yaml
 
-from caco_tf import pretrain
-from caco_tf.config import load_config
+from caco_tf import build
+from caco_tf.training.config import load_config
 
 OVERRIDES = ["data.source=tfds:mnist", "model.projector_hidden=32", "model.embedding_dim=16",
              "caco.bank_size=32", "caco.warmup_epochs=1", "train.epochs=4",
@@ -25,7 +25,7 @@ def make_run(directory, history=None):
     os.makedirs(os.path.join(directory, "checkpoints"), exist_ok=True)
     with open(os.path.join(directory, "config.yaml"), "w") as handle:
         yaml.safe_dump(config, handle, sort_keys=False)
-    model = pretrain.build_model(config, steps_per_epoch=1)
+    model = build.build_model(config, steps_per_epoch=1)
     model.save_weights(os.path.join(directory, "checkpoints", "last.weights.h5"))
     if history is not None:
         with open(os.path.join(directory, "history.json"), "w") as handle:

@@ -36,8 +36,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from caco_tf import augment as augment_lib
-from caco_tf import data, evaluation, export
+from caco_tf import data
+from caco_tf.data import augment as augment_lib
+from caco_tf.data.images import decode_image
+from caco_tf.evaluation import knn
 
 AUGMENTATIONS = ("none", "imagenet", "digits")
 # The digits' training views: milder than pre-training's (crop area 0.3-1, rotation 15°), as
@@ -257,7 +259,7 @@ def decoded_examples(source, channels):
     dataset = source.ordered()
     if getattr(source, "encoded", False):
         dataset = dataset.map(lambda item, label: (
-            export.decode_image(source.load(item), channels), label),
+            decode_image(source.load(item), channels), label),
             num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
     return dataset
 
@@ -277,7 +279,7 @@ def _augmented_images(source, preprocessing, batch_size, seed, augment,
 
 def _cached_features(backbone, train, test, preprocessing, batch_size):
     """The frozen features of both splits, computed once: ((features, labels), (...))."""
-    return tuple(evaluation.extract_features(
+    return tuple(knn.extract_features(
         backbone, eval_batches(source, preprocessing, batch_size), normalize=False)
         for source in (train, test))
 

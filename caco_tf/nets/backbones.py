@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import keras
 from keras import layers
 
-from caco_tf.layers import BatchNormalization
+from caco_tf.nets.layers import BatchNormalization
 
 __all__ = ["BACKBONE_NAMES", "build_backbone", "build_projector"]
 

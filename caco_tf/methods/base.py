@@ -1,27 +1,31 @@
-"""The CaCo model: a ``keras.Model`` whose ``train_step`` is the paper's algorithm.
+"""What every method shares: the query and key encoders, the key encoder's EMA, the bank (or
+queue) variables and the warm-up pass that fills them, the metric trackers, the online probe and
+the Keras plumbing.
 
-One step, for a batch of images seen as two augmented views x1, x2:
+A method is a ``keras.Model`` whose ``train_step`` is its algorithm.  Methods that differ only in
+where a query's positive and negatives come from give two hooks and inherit the two-view
+``train_step`` below:
 
-1. keys k1, k2 from the momentum (key) encoder, and queries z1, z2 from the query encoder;
-2. from the pre-step bank: for each image, the Most Probable Positive of the *other* view,
-   j+ = argmax_j p(b_j | k) (eq. max_prob); the symmetric loss (eq. caco)
-   CE(z1·B̂ᵀ/τ, j+(k2)) + CE(z2·B̂ᵀ/τ, j+(k1)) and its gradient with respect to the queries;
-   the bank's cooperative-adversarial step (eq. real_update) from the same queries and bank,
-   averaged over the global batch, with SGD momentum (``caco_tf.bank``'s two tiled passes);
-3. the encoder descends the loss;
-4. the key encoder's parameters move towards the query encoder's (EMA, cosine momentum).
+- ``contrastive_loss(query1, query2, key1, key2, bank)``: the symmetric loss (the sum of the
+  two views' batch means) from the queries, the keys (None without a key encoder) and the
+  pre-step bank;
+- ``update_bank(...)``: the bank's step after the encoder's (a FIFO write, a gradient step, or
+  nothing).
 
-Before the CaCo phase a warm-up pass (``warmup_steps``, one epoch in the configs) trains the
-encoder with a MoCo-style loss against the bank while filling the bank FIFO with real key
-embeddings, as the reference does; the key encoder is then re-synced to the query encoder.
+``CaCo`` overrides ``train_step`` instead: its bank pass computes the loss, the loss's gradient
+and the bank's update together, tile by tile (``caco_tf.bank``).
+
+Before the method's own steps, methods with a bank run a MoCo-style warm-up pass
+(``warmup_steps``) that trains the encoder against the bank while filling it FIFO with real key
+embeddings, as the CaCo reference does; the key encoder is then re-synced to the query encoder.
 """
 
 import keras
 import tensorflow as tf
 
 from caco_tf import bank as bank_lib
-from caco_tf import distribute
 from caco_tf import losses
+from caco_tf.training import distribute
 
 
 def build_encoder(backbone, projector, name):
@@ -40,37 +44,43 @@ def _as_schedule(value):
     return lambda step: tf.constant(value, tf.float32)
 
 
-class CaCo(keras.Model):
-    """Cooperative-adversarial contrastive learning (Wang et al., CaCo).
+class MomentumEncoderMethod(keras.Model):
+    """The shared base of the methods (``caco_tf.methods``); see the module docstring.
 
     Args:
-      backbone: a ``keras.Model`` from images to pooled features (see ``caco_tf.backbones``).
+      backbone: a ``keras.Model`` from images to pooled features (``caco_tf.nets.backbones``).
       projector: a ``keras.Model`` from features to the D-dimensional embedding.
-      bank_size: K, the number of bank rows (positives and negatives share them).
+      bank_size: K, the number of bank (or queue) rows.
       temperature: τ of the encoder loss.
-      bank_temperature: τ of the bank update (a separate setting in the authors' code).
+      bank_temperature: τ of the bank update (a separate setting in the CaCo authors' code).
       bank_learning_rate: η of the bank, a float or a ``LearningRateSchedule`` of the step.
       bank_momentum: SGD momentum of the bank update.
       key_momentum: EMA momentum of the key encoder, a float or a schedule of the step.
       warmup_steps: steps of the MoCo-style warm-up pass that fills the bank (0: none, the
-        bank keeps its random initialization).
+        bank keeps its random initialization; always 0 for methods without a bank).
       warmup_temperature: τ of the warm-up loss.
       resync_after_warmup: copy the query encoder into the key encoder when the warm-up ends,
-        as the reference does.
+        as the CaCo reference does.
       online_probe_classes: if set, an online linear probe (evaluation only): a Dense head with
         its own optimizer, trained on stop-gradient backbone features of view 1 whenever a
         batch carries labels; its accuracy is ``probe_top1``.  It never changes the encoder.
-      multi_crop: batches hold two global crops then local crops (``augment.MultiCropViews``);
-        ``train_step`` is then ``multicrop_train_step``.  The backbone must accept every crop
-        size (build it with input shape (None, None, C)).
+      multi_crop: batches hold two global crops then local crops (CaCo only).
     """
+
+    method = None             # the name ``caco.method`` gives it
+    uses_bank = True          # False: no warm-up pass (nothing to fill), the bank is left alone
+    uses_key_encoder = True   # False: no keys, no EMA update (SimCLR)
+    learns_bank = False       # True: the bank takes gradient steps (``bank_lr`` is reported)
+    supports_multi_crop = False
 
     def __init__(self, backbone, projector, bank_size=65536, temperature=0.08,
                  bank_temperature=0.08, bank_learning_rate=3.0, bank_momentum=0.9,
                  key_momentum=0.99, warmup_steps=0, warmup_temperature=0.2,
                  resync_after_warmup=True, online_probe_classes=None, multi_crop=False,
-                 name="caco", **kwargs):
-        super().__init__(name=name, **kwargs)
+                 name=None, **kwargs):
+        if multi_crop and not self.supports_multi_crop:
+            raise ValueError(f"caco.method {self.method!r} takes two views, not multi-crop")
+        super().__init__(name=name or self.method, **kwargs)
         self.backbone = backbone
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
         # A structural copy; its parameters start equal to the query encoder's, its BatchNorm
@@ -85,7 +95,7 @@ class CaCo(keras.Model):
         self.bank_learning_rate = _as_schedule(bank_learning_rate)
         self.bank_momentum = bank_momentum
         self.key_momentum = _as_schedule(key_momentum)
-        self.warmup_steps = int(warmup_steps)
+        self.warmup_steps = int(warmup_steps) if self.uses_bank else 0
         self.warmup_temperature = warmup_temperature
         self.resync_after_warmup = resync_after_warmup
         self.multi_crop = bool(multi_crop)
@@ -102,9 +112,7 @@ class CaCo(keras.Model):
         self.bank_tile_rows = bank_lib.tile_rows(bank_size)
 
         self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.contrast_top1 = keras.metrics.Mean(name="contrast_top1")
-        self.positive_probability = keras.metrics.Mean(name="mpp_prob")
-        self.distinct_positives = keras.metrics.Mean(name="distinct_mpp")
+        self._create_method_trackers()
         self.bank_norm = keras.metrics.Mean(name="bank_norm")
         self.lr_tracker = keras.metrics.Mean(name="lr")
         self.bank_lr_tracker = keras.metrics.Mean(name="bank_lr")
@@ -123,13 +131,21 @@ class CaCo(keras.Model):
             self.probe_top1 = keras.metrics.SparseCategoricalAccuracy(name="probe_top1")
         self.built = True  # every variable exists now; Keras' restore callbacks need this
 
+    def _create_method_trackers(self):
+        """Trackers of a method's own diagnostics (CaCo's MPP statistics); none by default."""
+
+    def method_metrics(self):
+        """The method's own trackers, reported after the loss."""
+        return []
+
     # ------------------------------------------------------------------ Keras plumbing
     @property
     def metrics(self):
+        bank = [self.bank_norm] if self.uses_bank else []
+        bank_lr = [self.bank_lr_tracker] if self.learns_bank else []
         probe = [self.probe_top1] if self.online_probe is not None else []
-        return [self.loss_tracker, self.contrast_top1, self.positive_probability,
-                self.distinct_positives, self.bank_norm, self.lr_tracker,
-                self.bank_lr_tracker] + probe
+        return ([self.loss_tracker] + self.method_metrics() + bank + [self.lr_tracker]
+                + bank_lr + probe)
 
     def compile(self, optimizer="sgd", **kwargs):
         super().compile(optimizer=optimizer, **kwargs)
@@ -150,7 +166,7 @@ class CaCo(keras.Model):
         return self.query_encoder(images, training=training)
 
     def make_train_function(self, force=False):
-        """The warm-up pass and the CaCo steps are two graphs; pick by the optimizer's step.
+        """The warm-up pass and the method's steps are two graphs; pick by the optimizer's step.
 
         Keras looks ``train_function`` up at every step, so the switch happens mid-``fit`` and
         after a resume (the step counter is part of every checkpoint).
@@ -158,7 +174,7 @@ class CaCo(keras.Model):
         if self.train_function is not None and not force:
             return self.train_function
         warmup_function = self._make_function(self.warmup_step)
-        caco_function = self._make_function(self.train_step)
+        method_function = self._make_function(self.train_step)
 
         def train_function(iterator):
             if not self._bank_ready:
@@ -168,7 +184,7 @@ class CaCo(keras.Model):
                 if step == self.warmup_steps and self.resync_after_warmup:
                     self.sync_key_encoder()
                 self._bank_ready = True
-            return caco_function(iterator)
+            return method_function(iterator)
 
         self.train_function = train_function
         return train_function
@@ -179,88 +195,47 @@ class CaCo(keras.Model):
                               self.query_encoder.trainable_variables):
             key.assign(query)
 
-    # ------------------------------------------------------------------ the algorithm
+    # ------------------------------------------------------------------ what methods give
+    def contrastive_loss(self, query1, query2, key1, key2, bank):
+        """The symmetric loss from the queries, the keys (None without a key encoder) and the
+        pre-step bank; it must not change any state (``test_step`` uses it too)."""
+        raise NotImplementedError
+
+    def update_bank(self, query1, query2, key1, key2, bank, step):
+        """The bank's step after the encoder's; returns the bank learning rate used (0: none)."""
+        return tf.constant(0.0)
+
+    # ------------------------------------------------------------------ the steps
     def train_step(self, data):
-        if self.multi_crop:
-            return self.multicrop_train_step(data)
+        """One two-view step: keys, the encoder's step down ``contrastive_loss``, the bank's
+        ``update_bank``, the key encoder's EMA."""
         view1, view2 = _views(data)
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()  # this step's, before the update
-
-        # 1. Keys and queries.  Each view's query is trained towards the MPP of the other
-        #    view's key: queries are stacked [z¹; z²] against keys [k²; k¹] from here on.
-        key1, key2 = self._keys(view1, view2, training=True)
-        with tf.GradientTape() as tape:
-            queries = tf.concat([self.query_encoder(view1, training=True),
-                                 self.query_encoder(view2, training=True)], 0)
-
-        # 2. From the pre-step bank: the MPPs, the loss and its gradient with respect to the
-        #    queries; the bank takes its cooperative-adversarial step.
-        loss, query_gradient, statistics, bank_lr = self._caco_bank_pass(
-            queries, tf.concat([key2, key1], 0), step)
-
-        # 3. The encoder descends the loss.
-        self._descend(tape, queries, query_gradient)
-
-        # 4. The key encoder follows the query encoder.
-        self._update_key_encoder(step)
-
-        self._track(loss, statistics, learning_rate, bank_lr)
-        self._probe_step(data, view1)
-        return distribute.reducible({m.name: m.result() for m in self.metrics})
-
-    def multicrop_train_step(self, data):
-        """The CaCo step over multi-crop batches (SwAV's protocol, as the reference does it).
-
-        ``data`` holds the two global crops, then any number of local crops.  MPP indices come
-        from the key embeddings of the two global crops only: each global crop's query is
-        trained against the other global crop's MPP, each local crop's query against the MPPs
-        of both global crops.  The loss is the two-view loss over the global pairs (a sum, as
-        ``train_step``'s) plus twice the mean over the local pairs: twice the reference's
-        (mean over global pairs + mean over local pairs), so that with no local crop this step
-        is exactly the two-view step.  The bank's gradient weights the same pairs the same way,
-        from the pre-step queries and bank.  Warm-up and evaluation use the global crops.
-        """
-        crops = _crops(data)
-        global1, global2, local = crops[0], crops[1], crops[2:]
-        step = self.optimizer.iterations
-        learning_rate = self._encoder_learning_rate()
-
-        key1, key2 = self._keys(global1, global2, training=True)
+        key1, key2 = self._method_keys(view1, view2, training=True)
         bank = tf.convert_to_tensor(self.bank)
-        bank_unit = losses.l2_normalize(bank)
+        loss, query1, query2 = self._encoder_step(
+            view1, view2, lambda query1, query2: self.contrastive_loss(
+                query1, query2, key1, key2, bank))
+        bank_lr = self.update_bank(query1, query2, key1, key2, bank, step)
+        if self.uses_key_encoder:
+            self._update_key_encoder(step)
+        self._track_step(loss, learning_rate, bank_lr)
+        self._probe_step(data, view1)
+        return self._logs()
 
-        with tf.GradientTape() as tape:
-            query1 = self.query_encoder(global1, training=True)
-            query2 = self.query_encoder(global2, training=True)
-            local_queries = tf.concat(
-                [tf.concat([query, query], 0) for query in
-                 (self.query_encoder(crop, training=True) for crop in local)], 0) if local \
-                else None
-            queries = tf.concat([query1, query2], 0)
-            statistics = self._statistics(tf.stop_gradient(queries),
-                                          tf.concat([key2, key1], 0), bank)
-            positive_index = statistics.positive_index
-            # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
-            local_positives = tf.tile(positive_index, [len(local)])
-            loss = 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
-                                                         self.temperature))
-            if local:
-                loss += 2.0 * tf.reduce_mean(losses.caco_loss(
-                    local_queries, bank_unit, local_positives, self.temperature))
-        self._descend(tape, loss)
-
-        gradient = bank_lib.cooperative_adversarial_gradient(
-            queries, bank, positive_index, self.bank_temperature, views=2)
-        if local:
-            gradient += 2.0 * bank_lib.cooperative_adversarial_gradient(
-                local_queries, bank, local_positives, self.bank_temperature)
-        bank_lr = self._bank_step(bank, gradient, step, tf.shape(query1)[0])
-        self._update_key_encoder(step)
-
-        self._track(loss, statistics, learning_rate, bank_lr)
-        self._probe_step(data, global1)
-        return distribute.reducible({m.name: m.result() for m in self.metrics})
+    def test_step(self, data):
+        """The method's loss without any update (encoders in inference mode)."""
+        view1, view2 = _views(data)
+        key1, key2 = self._method_keys(view1, view2, training=False)
+        query1 = self.query_encoder(view1, training=False)
+        query2 = self.query_encoder(view2, training=False)
+        loss = self.contrastive_loss(query1, query2, key1, key2, tf.convert_to_tensor(self.bank))
+        bank_lr = (self.bank_learning_rate(self.optimizer.iterations) if self.learns_bank
+                   else tf.constant(0.0))
+        self._track_step(loss, self._encoder_learning_rate(), bank_lr)
+        self._probe_step(data, view1, learn=False)
+        return self._logs()
 
     def warmup_step(self, data):
         """MoCo-style step that trains the encoder against the bank while filling it FIFO."""
@@ -276,81 +251,36 @@ class CaCo(keras.Model):
                                                 self.warmup_temperature))
                 + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit,
                                                   self.warmup_temperature))))
-
-        # The diagnostics of the CaCo step, against the bank this step read.
-        statistics = self._statistics(tf.concat([query1, query2], 0),
-                                      tf.concat([key2, key1], 0), bank)
+        # The method's diagnostics, against the bank this step read.
+        diagnostics = self._warmup_diagnostics(query1, query2, key1, key2, bank)
         # One key per image, gathered from all replicas in replica order.
         new_bank, new_pointer = bank_lib.enqueue(
             bank, distribute.all_gather(key1), tf.convert_to_tensor(self.bank_pointer))
         distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
         self._update_key_encoder(step)
-
-        self._track(loss, statistics, learning_rate, tf.constant(0.0))
+        self._track_warmup(loss, diagnostics, learning_rate)
         self._probe_step(data, view1)
-        return distribute.reducible({m.name: m.result() for m in self.metrics})
+        return self._logs()
 
-    def test_step(self, data):
-        """The CaCo loss and diagnostics without any update (encoders in inference mode)."""
-        view1, view2 = _views(data)
-        key1, key2 = self._keys(view1, view2, training=False)
-        queries = tf.concat([self.query_encoder(view1, training=False),
-                             self.query_encoder(view2, training=False)], 0)
-        bank = tf.convert_to_tensor(self.bank)
-        statistics = self._statistics(queries, tf.concat([key2, key1], 0), bank)
-        loss, _ = self._caco_loss(queries, bank, statistics)
-        self._track(loss, statistics, self._encoder_learning_rate(),
-                    self.bank_learning_rate(self.optimizer.iterations))
-        self._probe_step(data, view1, learn=False)
-        return distribute.reducible({m.name: m.result() for m in self.metrics})
+    def _warmup_diagnostics(self, query1, query2, key1, key2, bank):
+        """What the warm-up reports besides its loss (CaCo: the MPP statistics); None here."""
+        return None
+
+    def _track_warmup(self, loss, diagnostics, learning_rate):
+        self._track_step(loss, learning_rate, tf.constant(0.0))
 
     # ------------------------------------------------------------------ pieces of a step
+    def _logs(self):
+        return distribute.reducible({m.name: m.result() for m in self.metrics})
+
     def _keys(self, view1, view2, training):
         return (self.key_encoder(view1, training=training),
                 self.key_encoder(view2, training=training))
 
-    def _statistics(self, queries, keys, bank):
-        """``bank_lib.bank_statistics`` of queries [z¹; z²] against keys [k²; k¹]."""
-        return bank_lib.bank_statistics(queries, keys, bank, self.temperature,
-                                        self.bank_temperature, self.bank_tile_rows)
-
-    def _caco_loss(self, queries, bank, statistics):
-        """Eq. (caco), symmetrized, from the bank statistics of queries stacked [z¹; z²].
-
-        ℓ_n = log Σ_j exp(z_n·b̂_j/τ) - z_n·b̂_{j+}/τ; the loss is the sum over the two views
-        of each view's mean, i.e. twice the mean over the stack.  Returns (loss, b̂_{j+} [N, D]).
-        """
-        positive_unit = losses.l2_normalize(tf.gather(bank, statistics.positive_index))
-        per_query = (statistics.loss_log_normalizer
-                     - tf.reduce_sum(queries * positive_unit, axis=-1) / self.temperature)
-        return 2.0 * tf.reduce_mean(per_query), positive_unit
-
-    def _caco_bank_pass(self, queries, keys, step):
-        """Everything of the CaCo step that touches the K×D bank, in two passes over its tiles.
-
-        From the pre-step bank: the MPPs j+ of ``keys`` [k²; k¹], the symmetric loss of
-        ``queries`` [z¹; z²] and its gradient with respect to them, and the bank's
-        cooperative-adversarial momentum step, assigned on every replica.  Returns (loss,
-        d loss / d queries, ``BankStatistics``, this step's bank lr).
-        """
-        bank = tf.convert_to_tensor(self.bank)
-        statistics = self._statistics(queries, keys, bank)
-        loss, positive_unit = self._caco_loss(queries, bank, statistics)
-        settings = (self.temperature, self.bank_temperature)
-        if distribute.num_replicas() > 1:  # the replicas' g are averaged before the momentum
-            expected_unit, gradient = bank_lib.tiled_caco_gradient(
-                queries, statistics, bank, *settings, 2, self.bank_tile_rows)
-            bank_lr = self._bank_step(bank, gradient, step, tf.shape(queries)[0] // 2)
-        else:
-            bank_lr = self.bank_learning_rate(step)
-            expected_unit, new_bank, new_velocity = bank_lib.tiled_caco_update(
-                queries, statistics, bank, tf.convert_to_tensor(self.bank_velocity), *settings,
-                bank_lr, self.bank_momentum, 2, self.bank_tile_rows)
-            distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
-        # d loss / d z_n = (2 / N) (Σ_j p_nj b̂_j - b̂_{j+}) / τ.
-        count = tf.cast(tf.shape(queries)[0], tf.float32)
-        query_gradient = (expected_unit - positive_unit) * (2.0 / (count * self.temperature))
-        return loss, query_gradient, statistics, bank_lr
+    def _method_keys(self, view1, view2, training):
+        if not self.uses_key_encoder:
+            return None, None
+        return self._keys(view1, view2, training=training)
 
     def _bank_step(self, bank, gradient, step, local_batch):
         """Average the bank's gradient over the global batch, take the SGD-momentum step on the
@@ -361,6 +291,12 @@ class CaCo(keras.Model):
             bank, tf.convert_to_tensor(self.bank_velocity), gradient, bank_lr, self.bank_momentum)
         distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
         return bank_lr
+
+    def _enqueue_keys(self, key1, bank):
+        """FIFO write of one key per image of the global batch, as the warm-up pass does."""
+        new_bank, new_pointer = bank_lib.enqueue(
+            bank, distribute.all_gather(key1), tf.convert_to_tensor(self.bank_pointer))
+        distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
 
     def _encoder_step(self, view1, view2, loss_of_queries):
         """Queries of both views, the loss they give, one optimizer step on the query encoder."""
@@ -375,8 +311,8 @@ class CaCo(keras.Model):
         """One optimizer step of the query encoder down a loss.
 
         ``outputs`` were recorded on ``tape`` and the loss's gradient with respect to them is
-        ``output_gradient``: the loss itself and 1, or the queries and the gradient that the
-        bank pass computed.
+        ``output_gradient``: the loss itself and 1, or the queries and the gradient that a bank
+        pass computed.
         """
         # Keras sums gradients over replicas: each replica contributes its share of the mean.
         scale = 1.0 / distribute.num_replicas()
@@ -394,21 +330,11 @@ class CaCo(keras.Model):
         distribute.assign_in_sync(
             keys, [momentum * k + (1.0 - momentum) * q for k, q in zip(keys, queries)])
 
-    def _track(self, loss, statistics, learning_rate, bank_lr):
-        """The step's diagnostics, from the ``BankStatistics`` of its stacked views."""
+    def _track_step(self, loss, learning_rate, bank_lr):
         self.loss_tracker.update_state(loss)
-        positive_index = statistics.positive_index
-        self.contrast_top1.update_state(tf.reduce_mean(tf.cast(
-            tf.equal(statistics.nearest_index, positive_index), tf.float32)))
-        self.positive_probability.update_state(
-            tf.reduce_mean(statistics.positive_probability))
-        # How many bank rows serve as someone's positive (a collapse shows up here first).
-        used = tf.math.unsorted_segment_max(
-            tf.ones_like(positive_index), positive_index, tf.shape(self.bank)[0])
-        self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
-        self.bank_norm.update_state(statistics.mean_norm)
         self.lr_tracker.update_state(learning_rate)
         self.bank_lr_tracker.update_state(bank_lr)
+        self.bank_norm.update_state(tf.reduce_mean(tf.norm(self.bank, axis=-1)))
 
     def _encoder_learning_rate(self):
         return tf.cast(self.optimizer.learning_rate, tf.float32)
@@ -431,6 +357,27 @@ class CaCo(keras.Model):
             variables = self.online_probe.trainable_variables
             self.probe_optimizer.apply(tape.gradient(loss, variables), variables)
         self.probe_top1.update_state(labels, logits)
+
+    # ------------------------------------------------------------------ shared losses
+    def _batch_loss(self, queries, positives, keys):
+        """Mean in-batch InfoNCE of this replica's queries against the global batch's keys."""
+        return tf.reduce_mean(losses.batch_infonce_loss(
+            queries, positives, distribute.all_gather(keys), self.temperature,
+            offset=replica_offset(tf.shape(queries)[0])))
+
+    def _moco_loss(self, query1, query2, key1, key2, bank):
+        """The other view's key against every (normalized) bank row, both views."""
+        bank_unit = losses.l2_normalize(bank)
+        return (tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit, self.temperature))
+                + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit, self.temperature)))
+
+
+def replica_offset(local_count):
+    """This replica's first row in a global batch gathered with ``distribute.all_gather``."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return 0
+    return tf.cast(context.replica_id_in_sync_group, tf.int32) * tf.cast(local_count, tf.int32)
 
 
 def _views(data):

@@ -24,6 +24,8 @@ import re
 import keras
 import numpy as np
 
+from caco_tf.errors import CheckpointError
+
 #: The authors' input normalization (torchvision ``Normalize``), in [0, 1] pixel units.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -33,10 +35,6 @@ TORCH_BN_EPSILON = 1e-5
 TRAIN_SET_SIZES = {"tfds:imagenet2012": 1281167}
 
 _IGNORED_SUFFIXES = (".num_batches_tracked",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is not the PyTorch CaCo checkpoint the model expects."""
 
 
 def load_checkpoint(path, trust_pickle=False):
@@ -234,3 +232,13 @@ def import_checkpoint(model, checkpoint):
     epoch = checkpoint.get("epoch")
     return {"epoch": None if epoch is None else int(epoch), "arch": arch,
             "tensors": len(assignments)}
+
+
+def resume_point(config, epoch, steps_per_epoch):
+    """(our epoch, optimizer step) that continue the authors' ``epoch`` finished CaCo epochs.
+
+    The reference fills its bank in a separate pass before epoch 0; our runs count that pass
+    as ``caco.warmup_epochs`` of ``train.epochs``, so E of theirs is warmup_epochs + E of ours.
+    """
+    ours = min(config["caco"]["warmup_epochs"] + epoch, config["train"]["epochs"])
+    return ours, ours * steps_per_epoch

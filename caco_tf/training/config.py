@@ -8,14 +8,13 @@ import copy
 
 import yaml
 
+from caco_tf.errors import ConfigError
+
+__all__ = ["DEFAULTS", "ConfigError", "changed_settings", "load_config", "parse_assignment"]
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker")
-# caco.method: CaCo or one of the paper's ablation rows / baselines (caco_tf.ablations).
+# caco.method: CaCo or one of the paper's ablation rows / baselines (caco_tf.methods).
 METHODS = ("caco", "none", "positive", "negative", "moco_v2", "simclr")
-
-
-class ConfigError(ValueError):
-    """A configuration problem the user can fix."""
 
 
 # `None` means "derived" (documented beside the key); any other value fixes the key's type.

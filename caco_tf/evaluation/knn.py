@@ -2,7 +2,7 @@
 
 The kNN classifier is the InstDisc/MoCo monitor: cosine similarity of L2-normalized features,
 the k most similar training images vote for their label with weight exp(similarity / T).
-The linear protocol is in ``caco_tf/linear.py``; the command line in ``caco_tf/evaluate.py``.
+The linear protocol is in ``linear.py``; both on a run folder in ``protocols.py``.
 """
 
 import numpy as np

@@ -84,7 +84,7 @@ def make_strategy(name="auto"):
     MultiWorkerMirroredStrategy, the cluster and this process's task read from ``TF_CONFIG``.
     The global batch stays what the config says; each replica gets its share.
     """
-    from caco_tf.config import ConfigError
+    from caco_tf.training.config import ConfigError
 
     # Physical devices only until the strategy exists: listing logical devices starts the
     # runtime, after which a multi-worker strategy can no longer be configured.

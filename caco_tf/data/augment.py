@@ -23,6 +23,8 @@ from typing import Tuple
 import numpy as np
 import tensorflow as tf
 
+from caco_tf.data.images import LUMA
+
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
 
@@ -161,7 +163,6 @@ class DigitViews:
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as torchvision's and TF's rgb_to_grayscale
 # ImageNet's statistics through the luma weights, for single-channel colour views.
 IMAGENET_GRAY_MEAN = sum(w * m for w, m in zip(LUMA, IMAGENET_MEAN))
 IMAGENET_GRAY_STD = sum(w * s for w, s in zip(LUMA, IMAGENET_STD))

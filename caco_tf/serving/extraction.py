@@ -31,7 +31,8 @@ import numpy as np
 import tensorflow as tf
 from numpy.lib.format import open_memmap
 
-from caco_tf import export
+from caco_tf.data import images as image_ops
+from caco_tf.errors import ExtractionError
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
@@ -39,10 +40,6 @@ IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 Source = collections.namedtuple("Source", "count classes records")
 Signature = collections.namedtuple("Signature", "function channels output dim model")
 Result = collections.namedtuple("Result", "count dim skipped")
-
-
-class ExtractionError(ValueError):
-    """A problem the user can fix: a missing path, an empty folder, an unknown signature..."""
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -102,7 +99,7 @@ def _read_image(path):
     """uint8 RGB [H, W, 3], or None when the file cannot be read or decoded."""
     try:
         with open(path, "rb") as handle:
-            return export.decode_rgb(handle.read()).numpy()
+            return image_ops.decode_rgb(handle.read()).numpy()
     except (OSError, tf.errors.OpError):
         return None
 
@@ -236,7 +233,7 @@ def _run(signature, images):
     for i, image in enumerate(images):
         groups[image.shape].append(i)
     for rows in groups.values():
-        batch = export.convert_channels(np.stack([images[i] for i in rows]), signature.channels)
+        batch = image_ops.convert_channels(np.stack([images[i] for i in rows]), signature.channels)
         outputs[rows] = signature.function(images=tf.constant(batch))[signature.output].numpy()
     return outputs
 

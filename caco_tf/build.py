@@ -1,0 +1,121 @@
+"""From a configuration to objects: the data sources, the views and the compiled model of a run,
+and a run folder's model rebuilt from its ``config.yaml`` and checkpoint.
+
+Both the pre-training run (``caco_tf.pretrain``) and the tools that read a finished run (the
+evaluation CLI, the figures, the export) build through here, so they build the same model.
+"""
+
+import collections
+import logging
+import os
+
+import tensorflow as tf
+
+from caco_tf.data import augment, sources
+from caco_tf.methods import model_class
+from caco_tf.nets import backbones
+from caco_tf.training import optimizers
+from caco_tf.training.config import ConfigError, load_config
+
+
+def load_data(config):
+    """The training source and the held-out source, if any.
+
+    The encoder never sees labels; they serve evaluation only (kNN, the online probe)."""
+    settings = config["data"]
+    return sources.load_source(settings["source"], channels=settings["channels"],
+                               data_dir=settings["data_dir"], manual_dir=settings["manual_dir"])
+
+
+def build_views(config):
+    """The views ``data.views`` names (``caco_tf.data.augment``), at the configured sizes."""
+    settings = config["data"]
+    name, size, channels = settings["views"], settings["image_size"], settings["channels"]
+    if name == "digits":
+        return augment.DigitViews()
+    if name in ("asymmetric", "cifar", "imagenet"):  # the last two: the configs' names
+        return augment.AsymmetricViews(size, channels, scale=settings["crop_scale"],
+                                       blur_sigma=settings["blur_sigma"])
+    if name == "multicrop":
+        crops = settings["multicrop"]
+        return augment.MultiCropViews(
+            size, crops["local_size"], crops["local_crops"], crops["global_scale"],
+            crops["local_scale"], channels=channels, blur_sigma=settings["blur_sigma"])
+    raise ConfigError(f"data.views must be digits, asymmetric or multicrop, got {name!r}")
+
+
+def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
+    """The model ``caco.method`` names, compiled with the paper's optimizer and schedules.
+
+    Build it inside the strategy's scope.  BatchNorm is synchronized over the replicas (as in
+    the reference) unless ``model.sync_batchnorm`` says otherwise.  ``num_classes``: the
+    online probe's, when ``evaluation.online_probe`` is on (without it, no probe: a rebuilt
+    model still loads a probed run's checkpoint, the probe's weights left aside).
+    """
+    model_config, caco, train = config["model"], config["caco"], config["train"]
+    size, channels = config["data"]["image_size"], config["data"]["channels"]
+    sync = model_config["sync_batchnorm"]
+    sync = num_replicas > 1 if sync is None else sync
+    multi_crop = config["data"]["views"] == "multicrop"
+    # Multi-crop feeds crops of two sizes: the backbone takes any size.
+    backbone = backbones.build_backbone(
+        model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
+        sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"])
+    projector = backbones.build_projector(
+        backbone.output_shape[-1], model_config["projector_hidden"],
+        model_config["embedding_dim"], sync_batchnorm=sync)
+    total_steps = train["epochs"] * steps_per_epoch
+    # caco.method: CaCo or an ablation row / baseline, same arguments (caco_tf.methods).
+    model = model_class(caco["method"])(
+        backbone, projector,
+        bank_size=caco["bank_size"],
+        temperature=caco["temperature"],
+        bank_temperature=caco["bank_temperature"],
+        bank_learning_rate=optimizers.WarmupCosine(caco["bank_lr"], total_steps),
+        bank_momentum=caco["bank_momentum"],
+        key_momentum=optimizers.CosineMomentum(caco["key_momentum"], total_steps),
+        warmup_steps=caco["warmup_epochs"] * steps_per_epoch,
+        warmup_temperature=caco["warmup_temperature"],
+        resync_after_warmup=caco["resync_after_warmup"],
+        online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
+        multi_crop=multi_crop)
+    model.compile(
+        optimizer=optimizers.build_encoder_optimizer(
+            train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
+            optimizer=train["optimizer"], learning_rate=train["learning_rate"],
+            weight_decay=train["weight_decay"], momentum=train["momentum"]),
+        jit_compile=use_xla(train["jit_compile"], num_replicas))
+    return model
+
+
+def use_xla(jit_compile, num_replicas):
+    """``train.jit_compile``, except for several replicas on CPUs.
+
+    XLA has no cross-device collectives on CPU ("Collectives are not yet implemented for CPU
+    devices when compiling with XLA"), so such a run (logical CPU devices, CPU-only workers)
+    compiles its step without XLA, with a warning; on GPUs the setting is kept.
+    """
+    if jit_compile and num_replicas > 1 and not tf.config.list_physical_devices("GPU"):
+        logging.getLogger(__name__).warning(
+            "train.jit_compile ignored: XLA has no collectives across CPU replicas (%d here)",
+            num_replicas)
+        return False
+    return jit_compile
+
+
+Run = collections.namedtuple("Run", "directory config model views")
+
+
+def load_run(run_dir):
+    """The model of a run folder, rebuilt from its ``config.yaml`` and last checkpoint."""
+    config_path = os.path.join(run_dir, "config.yaml")
+    weights = os.path.join(run_dir, "checkpoints", "last.weights.h5")
+    if not os.path.exists(config_path):
+        raise ConfigError(f"no config.yaml in {run_dir}: not a run folder")
+    config = load_config(config_path)
+    if not os.path.exists(weights):
+        raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
+    model = build_model(config, steps_per_epoch=1)
+    model.load_weights(weights)
+    return Run(run_dir, config, model, build_views(config))
+

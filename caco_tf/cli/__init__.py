@@ -1,0 +1,135 @@
+"""The command-line entry points (console scripts in ``pyproject.toml``), one module per command.
+
+=====================  ===============  ================================================
+console script         module           also runs as
+=====================  ===============  ================================================
+``caco-train``         ``train``        ``python train.py``
+``caco-evaluate``      ``evaluate``     ``python -m caco_tf.evaluate``
+``caco-figures``       ``figures``      ``python -m caco_tf.figures``
+``caco-export``        ``export``       ``python export/export_saved_model.py``
+``caco-extract``       ``extract``      ``python export/extract_features.py``
+``caco-import-torch``  ``import_torch``  ``python export/import_torch.py``
+=====================  ===============  ================================================
+
+Every command calls ``start`` before anything imports TensorFlow, so it starts quietly
+(``--verbose`` shows TensorFlow's start-up lines), and runs its work through ``guard``, which
+turns a ``caco_tf.errors.UserError`` into one ``error: ...`` line and exit status 2.
+"""
+
+import atexit
+import os
+import re
+import sys
+import threading
+
+# Lines TensorFlow prints at start-up on every machine, none of them about the user's run.
+STARTUP_NOISE = re.compile("|".join([
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    r"cudart_stub\.cc.*Could not find cuda drivers",
+    r"cpu_feature_guard\.cc.*This TensorFlow binary is optimized",
+    r"^To enable the following instructions: .*rebuild TensorFlow",
+    r"oneDNN custom operations are on",
+    r"^To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`",
+    r"Unable to register cu(DNN|FFT|BLAS) factory",
+    r"computation placer already registered",
+    r"TF-TRT Warning: Could not find TensorRT",
+]))
+# cuInit fails on every machine without an NVIDIA GPU; where the driver's device exists, the
+# same line is a real error and is kept.
+NO_GPU_NOISE = re.compile(r"failed call to cuInit")
+
+
+def is_noise(line, gpu_machine=None):
+    """Whether one line of standard error is start-up noise (``STARTUP_NOISE``)."""
+    if gpu_machine is None:
+        gpu_machine = os.path.exists("/dev/nvidiactl")
+    return bool(STARTUP_NOISE.search(line) or (not gpu_machine and NO_GPU_NOISE.search(line)))
+
+
+def start(argv=None):
+    """Quiet TensorFlow's start-up unless ``--verbose`` is among the arguments.  Returns whether
+    it is (a command's own ``--verbose`` may show more).
+
+    C++ INFO and WARNING logs are turned off (``TF_CPP_MIN_LOG_LEVEL=2``, unless set), and lines
+    absl writes before its initialization, which no log level reaches, are filtered out of the
+    process's standard error (``is_noise``); every other line passes, errors included.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    verbose = "--verbose" in argv
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        _filter_standard_error()
+    return verbose
+
+
+_filtering = False
+
+
+def _filter_standard_error():
+    """Route file descriptor 2 through a thread that drops ``is_noise`` lines.
+
+    Only when standard error is the process's own (not a test's capture), and once."""
+    global _filtering
+    if _filtering or sys.stderr is not sys.__stderr__:
+        return
+    try:
+        original = os.dup(2)
+        read_end, write_end = os.pipe()
+    except OSError:
+        return
+    gpu_machine = os.path.exists("/dev/nvidiactl")
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    _filtering = True
+
+    def forward():
+        pending = b""
+        while True:
+            chunk = os.read(read_end, 65536)
+            pending += chunk
+            # Whole lines, and progress bars' carriage-return segments, pass as they come.
+            parts = re.split(rb"(?<=[\n\r])", pending)
+            pending = parts.pop() if chunk else b""
+            for part in parts + ([pending] if not chunk and pending else []):
+                if part and not is_noise(part.decode("utf-8", "replace"), gpu_machine):
+                    os.write(original, part)
+            if not chunk:
+                os.close(read_end)
+                return
+
+    thread = threading.Thread(target=forward, name="stderr-filter", daemon=True)
+    thread.start()
+
+    def restore():
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(original, 2)  # closes the pipe's write end: the thread reads to its end
+        thread.join(timeout=2)
+
+    atexit.register(restore)
+
+
+def guard(work, cleanup=None):
+    """``work()``, which returns the exit status; a ``UserError`` it raises becomes one
+    ``error: ...`` line and exit status 2, after ``cleanup()`` if given."""
+    from caco_tf.errors import UserError
+
+    try:
+        return work()
+    except UserError as error:
+        if cleanup is not None:
+            cleanup()
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        return 2
+
+
+def one_line(error):
+    """An error's message on one line (a wrapped library message keeps its words)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def verbose_argument(parser, help_text="show TensorFlow's start-up lines"):
+    parser.add_argument("--verbose", action="store_true", help=help_text)

@@ -1,0 +1,97 @@
+"""Evaluate a run's frozen backbone (``caco-evaluate``, ``python -m caco_tf.evaluate``).
+
+    caco-evaluate knn    --run RUN_DIR [--data SOURCE] [--json OUT]
+    caco-evaluate linear --run RUN_DIR [--data SOURCE] [--json OUT]
+                         [--epochs 100] [--lr 0.03] [--l2 auto|λ]
+                         [--augment none|imagenet|digits] ...
+    caco-evaluate linear --pixels [--data mnist]      # raw-pixel baseline
+
+SOURCE: nothing (the run's own training images against its held-out split) or any labelled
+source with a held-out split (``caco_tf.evaluation.protocols``).  Prints a table and writes the
+numbers as JSON into the run folder (``eval_<protocol>[_pixels][_<data>].json``) or to
+``--json``.  The last line is ``kNN top-1: NN.N%`` or ``linear top-1: NN.N%``.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from caco_tf import cli
+
+# The linear protocol's choices, as ``caco_tf.evaluation.linear`` defines them (a test checks
+# they agree); written here so that ``--help`` needs no TensorFlow.
+AUGMENTATIONS = ("none", "imagenet", "digits")
+L2_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
+L2_FOLDS = 5
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="caco-evaluate",
+        description="Evaluate a run's frozen backbone (weighted kNN or linear protocol).")
+    parser.add_argument("protocol", choices=("knn", "linear"))
+    parser.add_argument("--run", help="run folder written by caco-train / train.py")
+    parser.add_argument("--data", help="a labelled source with a held-out split: mnist, "
+                                       "mnist_validation, tfds:NAME[:SPLIT] (default: the run's "
+                                       "own data)")
+    parser.add_argument("--json", help="output JSON (default: RUN/eval_<protocol>[...].json)")
+    parser.add_argument("--pixels", action="store_true",
+                        help="raw pixels instead of the backbone (baseline; --run optional)")
+    parser.add_argument("--seed", type=int, default=0)
+    cli.verbose_argument(parser, "one line per training epoch, and TensorFlow's start-up lines")
+    knn_group = parser.add_argument_group("knn")
+    knn_group.add_argument("--k", type=int,
+                           help="neighbours (default: the run's evaluation.knn_k)")
+    knn_group.add_argument("--temperature", type=float,
+                           help="vote temperature (default: evaluation.knn_temperature)")
+    linear_group = parser.add_argument_group("linear")
+    linear_group.add_argument("--epochs", type=int, default=100)
+    linear_group.add_argument("--batch-size", type=int, default=256)
+    linear_group.add_argument("--lr", type=float, default=0.03,
+                              help="SGD learning rate, cosine-decayed to 0 (default 0.03, "
+                                   "chosen on the validation split)")
+    linear_group.add_argument("--momentum", type=float, default=0.9)
+    linear_group.add_argument("--weight-decay", type=float, default=0.0,
+                              help="the optimizer's decoupled weight decay (default 0)")
+    linear_group.add_argument("--l2", default=None, metavar="auto|λ",
+                              help="L2 penalty λ‖W‖² on the Dense kernel; auto: the best of "
+                                   f"{', '.join(f'{v:g}' for v in L2_GRID)} by k-fold "
+                                   "cross-validation on the training split (default: auto "
+                                   "with cached features, 0 with --augment)")
+    linear_group.add_argument("--l2-folds", type=int, default=L2_FOLDS,
+                              help=f"folds of --l2 auto (default {L2_FOLDS})")
+    linear_group.add_argument("--augment", choices=AUGMENTATIONS, default="none",
+                              help="training views: none (features cached once), imagenet "
+                                   "(RandomResizedCrop + flip) or digits (a mild random affine, "
+                                   "no flip)")
+    linear_group.add_argument("--no-standardize", action="store_true",
+                              help="no BatchNormalization (without scale/offset) before Dense")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cli.start(["--verbose"] if args.verbose else [])
+
+    def work():
+        from caco_tf.evaluation import protocols
+
+        result = protocols.evaluate(args)
+        print(protocols.format_table(result))
+        path = args.json or protocols.default_json_path(args.run, args.protocol, args.data,
+                                                        args.pixels)
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as handle:
+                json.dump(result, handle, indent=1)
+            print(f"results: {os.path.abspath(path)}")
+        name = "linear" if args.protocol == "linear" else "kNN"
+        print(f"{name} top-1: {result['top1']:.1f}%")
+        return 0
+
+    return cli.guard(work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

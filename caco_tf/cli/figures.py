@@ -1,0 +1,53 @@
+"""The paper's analysis figures for a run (``caco-figures``, ``python -m caco_tf.figures``).
+
+    caco-figures --run RUN_DIR [--out DIR] [--queries 6] [--negatives 6]
+                 [--points 1000] [--max-train 20000] [--seed 0]
+
+Writes prob_acc.png, t_sne.png and query_ex.png (``caco_tf.evaluation.figures``).
+"""
+
+import argparse
+import os
+import sys
+
+from caco_tf import cli
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="caco-figures",
+                                     description="The paper's analysis figures for a run.")
+    parser.add_argument("--run", required=True, help="run folder written by caco-train")
+    parser.add_argument("--out", help="output folder (default: RUN/figures)")
+    parser.add_argument("--queries", type=int, default=6, help="query rows in query_ex.png")
+    parser.add_argument("--negatives", type=int, default=6, help="negatives per query")
+    parser.add_argument("--points", type=int, default=1000, help="held-out points in t-SNE")
+    parser.add_argument("--max-train", type=int, default=20000,
+                        help="training images searched for surrogates (the first N)")
+    parser.add_argument("--seed", type=int, default=0)
+    cli.verbose_argument(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cli.start(["--verbose"] if args.verbose else [])
+
+    def work():
+        from caco_tf.errors import ConfigError
+
+        for name in ("queries", "negatives", "points", "max_train"):
+            if getattr(args, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
+                                  f"{getattr(args, name)}")
+        from caco_tf.evaluation.figures import make_figures
+
+        for path in make_figures(args.run, args.out, args.queries, args.negatives, args.points,
+                                 args.max_train, args.seed):
+            print(f"figure: {os.path.abspath(path)}")
+        return 0
+
+    return cli.guard(work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Pre-train an encoder (``caco-train``, ``python train.py``).
+
+    caco-train                                        # offline MNIST default, ~10 CPU minutes
+    caco-train --config configs/NAME.yaml [--set key=value ...] [--run-dir DIR]
+
+Re-running the same command resumes the run from its last finished epoch.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+
+from caco_tf import cli
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs", "mnist.yaml")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="caco-train", description="Pre-train a CaCo encoder.")
+    parser.add_argument("--config", default=DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG)
+                        else None,
+                        help="YAML run config (default: configs/mnist.yaml, the offline run)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key, e.g. --set caco.bank_lr=0.3")
+    parser.add_argument("--run-dir", help="run folder (default: runs/<config name>)")
+    parser.add_argument("--strategy", choices=("auto", "default", "mirrored", "multiworker"),
+                        help="tf.distribute strategy (default: the config's distribute.strategy, "
+                             "auto = mirrored when more than one GPU is visible)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    cli.verbose_argument(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cli.start(["--verbose"] if args.verbose else [])
+    new_folder = []  # the run folder, when this command creates it
+
+    def work():
+        from caco_tf.training.config import load_config
+
+        assignments = list(args.set)
+        if args.strategy:
+            assignments.append(f"distribute.strategy={args.strategy}")
+        config = load_config(args.config, assignments)
+        run_dir = args.run_dir or os.path.join("runs", config["name"])
+        if not os.path.exists(run_dir):
+            new_folder.append(run_dir)
+        from caco_tf import pretrain
+
+        results = pretrain.run(config, run_dir, verbose=0 if args.quiet else 1)
+        if results:  # empty on a non-chief worker of a multi-worker run: the chief reports
+            print(f"run folder: {os.path.abspath(run_dir)}")
+            if "knn_top1" in results:
+                print(f"kNN top-1: {results['knn_top1']:.1f}%")
+        return 0
+
+    def cleanup():  # leave no half-written run folder behind
+        for folder in new_folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return cli.guard(work, cleanup)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

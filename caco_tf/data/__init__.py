@@ -1,0 +1,30 @@
+"""Images in, view batches out: sources, the tf.data pipelines, the views and image decoding.
+
+- ``sources``: where images (and, for evaluation only, labels) come from: ``load_source``;
+- ``pipeline``: ``pretrain_dataset`` (endless view batches, sharded per worker, bad files
+  skipped and counted) and ``eval_dataset`` (un-augmented, in order);
+- ``augment``: the views (``DigitViews``, ``AsymmetricViews``, ``MultiCropViews``);
+- ``images``: decoding, channel conversion, resize and centre crop, shared with serving.
+"""
+
+import importlib
+
+# Names re-exported from the submodules, each loaded on first use (PEP 562), so importing one
+# submodule (``images`` for serving) does not import the others (``pipeline`` needs keras).
+_EXPORTS = {
+    "images": ["to_unit_float"],
+    "pipeline": ["SkippedFiles", "distribute", "eval_dataset", "looks_complete",
+                 "pretrain_dataset"],
+    "sources": ["IMAGE_EXTENSIONS", "MNIST_TRAIN", "SOURCES", "ArraySource", "DataError",
+                "FileSource", "TFDSSource", "convert_array_channels", "folder_source",
+                "load_numpy", "load_offline_mnist", "load_offline_mnist_validation",
+                "load_source", "num_classes", "tfds_source"],
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

@@ -1,0 +1,321 @@
+"""The tf.data pipelines that feed pre-training and evaluation from a source (``sources``).
+
+Files and TFDS records stay encoded until the pipeline's parallel map decodes them, next to the
+augmentation.  Every image is decoded to the configured channels: grayscale is replicated to
+RGB, RGB goes to gray through the luma, an alpha channel is dropped (``images.decode_image``,
+the same decoding the exported model serves).
+
+Bad input: a corrupt or truncated file is skipped, never crashes a run; ``SkippedFiles``
+counts them and reports once per epoch (count and a few names).  A file is checked cheaply
+before decoding (a known signature and an intact end: JPEG's EOI marker, PNG's IEND chunk,
+GIF's trailer, BMP's declared size); anything that still fails to decode is dropped by
+``ignore_errors`` and counted without a name.
+
+Distribution: ``distribute`` builds one pipeline per input pipeline (worker) with the
+``tf.distribute.InputContext``; each reads its own shard of the images (``Dataset.shard``,
+``tfds.even_splits``) and yields per-replica batches, so every image is seen once per epoch
+across replicas and workers.
+"""
+
+import logging
+import threading
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from caco_tf.data import augment
+from caco_tf.data.images import decode_image, resize_and_center_crop, to_unit_float
+from caco_tf.data.sources import ArraySource, DataError, FileSource, TFDSSource, _labelled
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------- bad input
+class SkippedFiles:
+    """Undecodable images met by the pipelines; ``report`` logs one warning and resets."""
+
+    def __init__(self, examples=3):
+        self.examples = examples
+        self.total = 0
+        self._lock = threading.Lock()
+        self._count, self._names = 0, []
+
+    def record(self, name):
+        """Called from the pipeline (``tf.py_function``) for each skipped file."""
+        name = name.numpy().decode("utf-8", "replace") if hasattr(name, "numpy") else str(name)
+        with self._lock:
+            self._count += 1
+            self.total += 1
+            if len(self._names) < self.examples and name not in self._names:
+                self._names.append(name)
+        return np.int64(0)
+
+    def record_unnamed(self, count):
+        count = int(count.numpy()) if hasattr(count, "numpy") else int(count)
+        with self._lock:
+            self._count += count
+            self.total += count
+        return np.int64(0)
+
+    def report(self, when="this pass"):
+        """Log the files skipped since the last report (if any); return their count."""
+        with self._lock:
+            count, names = self._count, self._names
+            self._count, self._names = 0, []
+        if count:
+            shown = ", ".join(names) + (", ..." if count > len(names) else "")
+            log.warning("%s: skipped %d unreadable image file%s (%s)", when, count,
+                        "s" if count != 1 else "", shown or "names unknown: decode errors")
+        return count
+
+    def callback(self):
+        """A Keras callback that reports at the end of every epoch."""
+        return keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs=None: self.report(f"epoch {epoch + 1}"))
+
+
+def looks_complete(contents):
+    """Cheap check that encoded bytes are a whole JPEG, PNG, GIF or BMP file.
+
+    A known signature and an intact end: JPEG's EOI marker (FF D9) or PNG's IEND chunk among
+    the last 256 bytes (some writers append a trailer), GIF's final ';', BMP's declared size.
+    A truncated file or a non-image fails it.
+    """
+    length = tf.strings.length(contents)
+    head = tf.strings.substr(tf.strings.join([tf.strings.substr(contents, 0, 8), "\0" * 8]), 0, 8)
+    head = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
+    tail = tf.io.decode_raw(tf.strings.substr(contents, tf.maximum(length - 256, 0), 256),
+                            tf.uint8)
+    tail = tf.cast(tail, tf.int64)
+
+    def starts(*signature):
+        return tf.reduce_all(tf.equal(head[:len(signature)], signature))
+
+    def ends_with(*sequence):  # somewhere in the tail
+        count = tf.maximum(tf.size(tail) - len(sequence) + 1, 0)
+        match = tf.ones([count], tf.bool)
+        for offset, byte in enumerate(sequence):
+            match = tf.logical_and(match, tf.equal(tail[offset:offset + count], byte))
+        return tf.reduce_any(match)
+
+    jpeg = tf.logical_and(starts(0xFF, 0xD8, 0xFF), ends_with(0xFF, 0xD9))
+    png = tf.logical_and(starts(0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A),
+                         ends_with(0x49, 0x45, 0x4E, 0x44))  # "IEND"
+    last = tail[tf.maximum(tf.size(tail) - 1, 0):]  # empty for an empty file
+    gif = tf.logical_and(starts(0x47, 0x49, 0x46, 0x38), tf.reduce_any(tf.equal(last, 0x3B)))
+    declared = tf.reduce_sum(head[2:6] * tf.constant([1, 256, 65536, 2 ** 24], tf.int64))
+    bmp = tf.logical_and(starts(0x42, 0x4D), tf.logical_and(
+        length >= 26, tf.cast(length, tf.int64) >= declared))
+    return tf.logical_and(length > 8, jpeg | png | gif | bmp)
+
+
+def _decoder(source, channels, skipped):
+    """(element) → (uint8 image [H, W, channels], ok): read, check and decode, never raising for
+    a bad file (the safety net for what the check misses is ``ignore_errors`` later)."""
+
+    def decode(item, name):
+        contents = source.load(item)
+        ok = looks_complete(contents)
+
+        def bad():
+            marks = ([tf.py_function(skipped.record, [name], tf.int64)] if skipped is not None
+                     else [])
+            with tf.control_dependencies(marks):
+                return tf.zeros([1, 1, channels], tf.uint8)
+
+        image = tf.cond(ok, lambda: decode_image(contents, channels), bad)
+        return image, ok
+
+    return decode
+
+
+def _count_gaps(dataset, skipped):
+    """(number, payload) elements → payload, counting the numbers that ``ignore_errors`` dropped."""
+
+    def step(last, element):
+        number, payload = element
+        gap = number - last - 1
+        if skipped is not None:
+            counted = tf.cond(gap > 0,
+                              lambda: tf.py_function(skipped.record_unnamed, [gap], tf.int64),
+                              lambda: tf.constant(0, tf.int64))
+            with tf.control_dependencies([counted]):
+                number = tf.identity(number)
+        return number, payload
+
+    return dataset.scan(tf.constant(-1, tf.int64), step)
+
+
+# ---------------------------------------------------------------------------- pipelines
+def _first(first, second):
+    return first
+
+
+def _second(first, second):
+    return second
+
+
+def _as_source(images):
+    if isinstance(images, (ArraySource, FileSource, TFDSSource)):
+        return images
+    return ArraySource(images)
+
+
+def _shards(input_context):
+    if input_context is None:
+        return 1, 0
+    return input_context.num_input_pipelines, input_context.input_pipeline_id
+
+
+def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skipped=None,
+                     image_size=None, channels=None, with_labels=False):
+    """An endless stream of view batches; one pass over the images per epoch.
+
+    ``images``: a uint8 array [N, H, W, C] or a source (``load_source``).  ``views``: per-image
+    views (``augment.ImageViews``: decoding and every view in one parallel map, then batches)
+    or batch views (``augment.DigitViews``: batches of equal-size images; files are decoded and
+    resized to ``image_size`` first).  The images are reshuffled every pass; each image's (or
+    batch's) augmentation seed is (seed, its number in the stream), so a run is reproducible
+    and every epoch draws fresh views.
+
+    ``input_context`` (from ``distribute``): read this pipeline's shard and yield per-replica
+    batches of ``batch_size`` divided among the replicas.  ``skipped`` counts bad files.
+
+    ``with_labels``: ``((view1, view2, ...), labels)`` batches, for the online probe only
+    (``CaCo(online_probe_classes)``); the views are exactly those of ``with_labels=False``
+    (same images, order, seeds and skipped files).  The source must be labelled
+    (``DataError`` otherwise).
+    """
+    source = _as_source(images)
+    if with_labels:
+        _labelled(source)  # a clear error now rather than inside the pipeline
+    shards = _shards(input_context)
+    batch = (input_context.get_per_replica_batch_size(batch_size) if input_context is not None
+             else batch_size)
+    available = len(source) // shards[0]
+    if batch > available:
+        raise DataError(f"batch size {batch} is larger than the data set ({available} images"
+                        f"{' in this shard' if shards[0] > 1 else ''})")
+    per_image = isinstance(views, augment.ImageViews)
+    stream = source.stream(seed, shards, labels=True) if with_labels else source.stream(
+        seed, shards)
+    seed_tensor = tf.constant(seed, tf.int64)
+
+    def carrying(function):
+        """``function`` of (number, item) applied to (number, (item, label)) elements when the
+        labels travel along: the label passes through untouched."""
+        if not with_labels:
+            return function
+        return lambda number, element: (function(number, element[0]), element[1])
+
+    def number_seed(number):  # (seed, number), distinct for each input pipeline
+        pair = tf.stack([seed_tensor, number])
+        return (tf.random.experimental.stateless_fold_in(pair, shards[1]) if shards[0] > 1
+                else pair)
+
+    if not per_image and not source.encoded:
+        # Batch views of arrays: the path the offline default has always taken.
+        dataset = stream.batch(batch, drop_remainder=True).enumerate()
+        dataset = dataset.map(carrying(lambda number, images: views(to_unit_float(images),
+                                                                    number_seed(number))),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    channels = channels or (views.channels if per_image else 1)
+    decode = _decoder(source, channels, skipped) if source.encoded else None
+    if per_image:
+        empty = tuple(tf.zeros([r.size, r.size, channels]) for r in views.recipes)
+
+        def prepare(number, image):
+            return views.augment_image(image, number_seed(number))
+    else:
+        size = image_size or 28
+
+        def prepare(number, image):  # batch views of files: decode and resize only
+            return resize_and_center_crop(to_unit_float(image)[None], size)[0]
+        empty = tf.zeros([size, size, channels])
+
+    if source.encoded:
+        def prepare_encoded(number, element):
+            item, label = element if with_labels else (element, None)
+            image, ok = decode(*item)
+            prepared = tf.cond(ok, lambda: prepare(number, image), lambda: empty)
+            return number, ((prepared, label) if with_labels else prepared, ok)
+
+        dataset = stream.enumerate().map(prepare_encoded, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = _count_gaps(dataset.ignore_errors(), skipped)
+        dataset = dataset.filter(_second).map(_first)
+    else:
+        dataset = stream.enumerate().map(carrying(prepare), num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(batch, drop_remainder=True)
+    if not per_image:
+        dataset = dataset.enumerate().map(
+            carrying(lambda number, images: views(images, number_seed(number))),
+            num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, channels=None,
+                 skipped=None, every=1):
+    """Images (and labels) in order, normalized as for evaluation, no augmentation.
+
+    ``images``: a uint8 array (used as it is) or a source, whose images are decoded (bad files
+    skipped, with their labels), resized so the shorter side is ``image_size`` / 0.875 and
+    centre-cropped to ``image_size`` — exactly the exported model's preprocessing.  A source
+    yields its own labels when it has them.  ``every``: only every ``every``-th image (an even
+    sample of a source stored class by class).
+    """
+    if isinstance(images, ArraySource) and image_size in (None, images.images.shape[1]):
+        images, labels = images.images, images.labels  # already at size: the array path
+    if not isinstance(images, (ArraySource, FileSource, TFDSSource)):
+        images = images[::every]
+        labels = None if labels is None else labels[::every]
+        dataset = tf.data.Dataset.from_tensor_slices(images).batch(batch_size)
+        dataset = dataset.map(lambda x: normalize(to_unit_float(x)),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+        if labels is not None:
+            dataset = tf.data.Dataset.zip(
+                dataset, tf.data.Dataset.from_tensor_slices(labels).batch(batch_size))
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    source = images
+    if source.encoded and not (image_size and channels):
+        raise ValueError("eval_dataset needs image_size and channels for encoded images")
+    size = image_size or source.images.shape[1]
+    channels = channels or source.images.shape[-1]
+    decode = _decoder(source, channels, skipped) if source.encoded else None
+
+    def prepare(index, element):
+        item, label = element
+        if decode is None:
+            image, ok = item, tf.constant(True)
+        else:
+            image, ok = decode(item, item if isinstance(source, FileSource) else
+                               tf.strings.format("{} #{}", (source.name, index)))
+        image = resize_and_center_crop(to_unit_float(image)[None], size)[0]
+        return index, (image, label, ok)
+
+    dataset = source.ordered().shard(every, 0).enumerate().map(
+        prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    if source.encoded:
+        # A sentinel after the last image makes a dropped last file a gap too.
+        end = tf.data.Dataset.from_tensors((tf.constant(-(-len(source) // every), tf.int64), (
+            tf.zeros([size, size, channels]), tf.constant(-1, tf.int64), tf.constant(False))))
+        dataset = _count_gaps(dataset.ignore_errors().concatenate(end), skipped)
+    else:
+        dataset = dataset.map(lambda index, rest: rest)
+    dataset = dataset.filter(lambda image, label, ok: ok).batch(batch_size)
+
+    def finish(image, label, ok):
+        return (normalize(image), label) if source.has_labels else normalize(image)
+
+    return dataset.map(finish, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def distribute(strategy, make_dataset):
+    """Datasets for ``strategy``: ``make_dataset(input_context)`` builds one pipeline's
+    (shard, per-replica batches); a single replica gets ``make_dataset(None)`` itself."""
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        return make_dataset(None)
+    return strategy.distribute_datasets_from_function(make_dataset)

@@ -1,0 +1,153 @@
+"""The evaluation protocols on a run's frozen backbone: weighted kNN and the linear protocol,
+on the run's own data or on the user's labelled sources (transfer).
+
+``evaluate(...)`` is what ``caco-evaluate`` (``python -m caco_tf.evaluate``) runs: the run's
+training images against its held-out split (from its ``config.yaml``), or any labelled
+``caco_tf.data`` source with a held-out split: ``mnist`` / ``mnist_validation`` (the offline
+splits) or ``tfds:NAME[:SPLIT]``, any TFDS classification data set by name (training split
+``train`` unless named, tested on ``test``, else ``validation``), its images converted to the
+backbone's channels and size.  The result is a dict (what the JSON holds); ``format_table``
+renders it as a Markdown row.
+"""
+
+import collections
+import os
+import re
+
+from caco_tf import data
+from caco_tf.build import build_views, load_data, load_run
+from caco_tf.evaluation import knn as knn_lib
+from caco_tf.evaluation import linear
+from caco_tf.training.config import DEFAULTS, ConfigError
+
+# train, test: labelled caco_tf.data sources.
+LabelledData = collections.namedtuple("LabelledData", "name train test num_classes")
+
+
+def load_labelled_data(spec, config):
+    """A :class:`LabelledData` for the source ``spec`` (None: the run's own data).
+
+    The training split's labels and a labelled held-out split are required.
+    """
+    settings = config["data"]
+    if spec is None:
+        train, held_out = load_data(config)
+        spec = settings["source"]
+    else:
+        train, held_out = data.load_source(spec, channels=settings["channels"],
+                                           data_dir=settings["data_dir"],
+                                           manual_dir=settings["manual_dir"])
+    if held_out is None or not train.has_labels or not held_out.has_labels:
+        raise data.DataError(f"{spec} has no labelled training and held-out splits; pass "
+                             f"--data mnist or --data tfds:NAME")
+    train, held_out = (_with_channels(source, settings["channels"])
+                       for source in (train, held_out))
+    return LabelledData(spec, train, held_out, data.num_classes(train, held_out))
+
+
+def _with_channels(source, channels):
+    """Array sources converted to the backbone's channel count (files convert when decoded)."""
+    if isinstance(source, data.ArraySource) and source.images.shape[-1] != channels:
+        return data.ArraySource(data.convert_array_channels(source.images, channels),
+                                source.labels, name=source.name)
+    return source
+
+
+def preprocessing_for(config, pixels=False):
+    """The backbone's input transform; raw pixels are only scaled to [0, 1] (no mean, std)."""
+    size, channels = config["data"]["image_size"], config["data"]["channels"]
+    if pixels:
+        return linear.Preprocessing(size, channels, 0.0, 1.0)
+    views = build_views(config)
+    return linear.Preprocessing(size, channels, views.mean, views.std)
+
+
+def knn(backbone, labelled, preprocessing, k, temperature, batch_size=500):
+    """Weighted kNN top-1 and top-5 (%) of ``labelled.test`` against ``labelled.train``."""
+    (train_features, train_labels), (test_features, test_labels) = (
+        knn_lib.extract_features(backbone, linear.eval_batches(source, preprocessing,
+                                                                  batch_size))
+        for source in (labelled.train, labelled.test))
+    votes = knn_lib.knn_votes(train_features, train_labels, test_features, k, temperature,
+                                 num_classes=labelled.num_classes)
+    return {"top1": 100.0 * knn_lib.top_k_accuracy(votes, test_labels, 1),
+            "top5": 100.0 * knn_lib.top_k_accuracy(votes, test_labels, 5),
+            "train_images": len(train_labels), "test_images": len(test_labels),
+            "k": int(k), "temperature": float(temperature)}
+
+
+def default_json_path(run_dir, protocol, spec, pixels):
+    """RUN/eval_<protocol>[_pixels][_<data>].json, or None without a run folder."""
+    if run_dir is None:
+        return None
+    suffix = "" if spec is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", spec)
+    return os.path.join(run_dir, f"eval_{protocol}{'_pixels' if pixels else ''}{suffix}.json")
+
+
+def format_table(result):
+    """One Markdown table row (with its header) for a result dict."""
+    if result["protocol"] == "knn":
+        setting = f"k={result['k']}, T={result['temperature']:g}"
+    else:
+        chosen = f" ({result['l2_folds']}-fold CV)" if "l2_scores" in result else ""
+        setting = (f"{result['epochs']} epochs, lr {result['learning_rate']:g}, "
+                   f"L2 {result['l2']:g}{chosen}, augment {result['augment']}")
+    return "\n".join([
+        "| protocol | encoder | data | train / test images | top-1 | top-5 |",
+        "|---|---|---|---|---|---|",
+        f"| {result['protocol']} ({setting}) | {result['encoder']} | {result['data']} | "
+        f"{result['train_images']} / {result['test_images']} | {result['top1']:.1f} % | "
+        f"{result['top5']:.1f} % |"])
+
+
+def l2_setting(text, augment):
+    """``--l2``: "auto", λ ≥ 0, or None (unset: auto where features are cached, else 0)."""
+    if text is None:
+        return None
+    if text == "auto":
+        if augment != "none":
+            raise ConfigError("--l2 auto chooses λ on cached features: pass a number with "
+                              f"--augment {augment}")
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"--l2 must be auto or a number >= 0, got {text}")
+    return value
+
+
+def evaluate(args):
+    """Run the protocol ``args`` ask for; returns the result dict (also what the JSON holds)."""
+    if args.run is None and not args.pixels:
+        raise ConfigError("--run RUN_DIR is required (or --pixels for the raw-pixel baseline)")
+    for name in ("epochs", "batch_size", "k", "temperature", "lr"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.l2_folds < 2:
+        raise ConfigError(f"--l2-folds must be at least 2, got {args.l2_folds}")
+    l2 = l2_setting(args.l2, args.augment)
+    run = load_run(args.run) if args.run else None
+    config = run.config if run else DEFAULTS
+    labelled = load_labelled_data(args.data, config)
+    preprocessing = preprocessing_for(config, pixels=args.pixels)
+    backbone = linear.pixels_backbone(preprocessing) if args.pixels else run.model.backbone
+    if args.protocol == "knn":
+        result = knn(backbone, labelled, preprocessing,
+                     args.k or config["evaluation"]["knn_k"],
+                     args.temperature or config["evaluation"]["knn_temperature"],
+                     config["evaluation"]["batch_size"])
+    else:
+        result = linear.linear_evaluation(
+            backbone, labelled.train, labelled.test, labelled.num_classes, preprocessing,
+            epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+            momentum=args.momentum, weight_decay=args.weight_decay, augment=args.augment,
+            batchnorm=not args.no_standardize, seed=args.seed,
+            verbose=2 if args.verbose else 0, l2=l2, l2_folds=args.l2_folds)
+    encoder = "raw pixels" if args.pixels else os.path.abspath(args.run)
+    return {"protocol": args.protocol, "encoder": encoder, "data": labelled.name,
+            "classes": labelled.num_classes, **result}
+
+

@@ -1,0 +1,14 @@
+"""The ablation's "None" row: positive and negatives from the current batch (no bank)."""
+
+from caco_tf.methods.base import MomentumEncoderMethod
+
+
+class InBatch(MomentumEncoderMethod):
+    """In-batch InfoNCE with a momentum key encoder: query z¹'s positive is the other view's key
+    k² of the same image, its negatives the other images' keys k²_j of the global batch."""
+
+    method = "none"
+    uses_bank = False
+
+    def contrastive_loss(self, query1, query2, key1, key2, bank):
+        return self._batch_loss(query1, key2, key2) + self._batch_loss(query2, key1, key1)

@@ -1,0 +1,30 @@
+"""The ablation's "Positive" row (NNCLR-like): a positive from a queue, negatives from the batch."""
+
+import tensorflow as tf
+
+from caco_tf import losses
+from caco_tf.methods.base import MomentumEncoderMethod
+
+
+class NearestNeighbourPositive(MomentumEncoderMethod):
+    """The positive is the nearest neighbour of the other view's key in a FIFO queue of past
+    keys (the bank, never trained); the negatives are the global batch's keys."""
+
+    method = "positive"
+
+    def contrastive_loss(self, query1, query2, key1, key2, bank):
+        queue = losses.l2_normalize(bank)
+        return (self._batch_loss(query1, nearest_neighbour(key2, queue), key2)
+                + self._batch_loss(query2, nearest_neighbour(key1, queue), key1))
+
+    def update_bank(self, query1, query2, key1, key2, bank, step):
+        self._enqueue_keys(key1, bank)
+        return tf.constant(0.0)
+
+
+def nearest_neighbour(keys, queue_unit):
+    """The queue row most similar to each key (cosine), [N, D]: NNCLR's support-set lookup.
+
+    It is CaCo's MPP rule (``losses.most_probable_positive``) applied to an untrained queue.
+    """
+    return tf.gather(queue_unit, losses.most_probable_positive(keys, queue_unit))

@@ -1,0 +1,25 @@
+"""SimCLR: NT-Xent over the two views' query embeddings of the batch; no keys, no bank."""
+
+import tensorflow as tf
+
+from caco_tf import losses
+from caco_tf.methods.base import MomentumEncoderMethod, replica_offset
+from caco_tf.training import distribute
+
+
+class SimCLR(MomentumEncoderMethod):
+    """Anchor z¹'s positive is z², the other view's query; its negatives the other 2N-2 queries
+    of the global batch.  The key encoder and the bank exist (the shared base builds them) but
+    are never used nor updated."""
+
+    method = "simclr"
+    uses_bank = False
+    uses_key_encoder = False
+
+    def contrastive_loss(self, query1, query2, key1, key2, bank):
+        embeddings = tf.concat([query1, query2], axis=0)
+        per_anchor = losses.nt_xent_loss(
+            embeddings, self.temperature, distribute.all_gather(embeddings),
+            offset=replica_offset(tf.shape(embeddings)[0]))
+        count = tf.shape(query1)[0]
+        return tf.reduce_mean(per_anchor[:count]) + tf.reduce_mean(per_anchor[count:])
