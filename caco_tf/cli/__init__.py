@@ -33,6 +33,7 @@ STARTUP_NOISE = re.compile("|".join([
     r"Unable to register cu(DNN|FFT|BLAS) factory",
     r"computation placer already registered",
     r"TF-TRT Warning: Could not find TensorRT",
+    r"^WARNING:absl:Variant folder .* has no dataset_info\.json",  # TFDS, before preparing
 ]))
 # cuInit fails on every machine without an NVIDIA GPU; where the driver's device exists, the
 # same line is a real error and is kept.

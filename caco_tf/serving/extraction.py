@@ -172,16 +172,26 @@ def npz_source(path):
 
 
 def tfds_source(spec):
-    """A TFDS split, ``NAME:SPLIT`` (e.g. ``cifar10:test``); TFDS downloads it if needed."""
+    """A TFDS split, ``NAME:SPLIT`` (e.g. ``cifar10:test``), prepared first if needed."""
     name, _, split = spec.partition(":")
     if not name or not split:
         raise ExtractionError(f"--tfds takes NAME:SPLIT (e.g. cifar10:test), got {spec!r}")
     import tensorflow_datasets as tfds
 
+    from caco_tf.data.sources import prepare_tfds
+
     try:
-        dataset, info = tfds.load(name, split=split, with_info=True, shuffle_files=False)
+        builder = tfds.builder(name)
+    except Exception as error:  # TFDS raises many kinds: unknown name, bad version...
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]  # not its catalogue
+        raise ExtractionError(f"cannot load TFDS {spec}: {first_line}") from None
+    if not builder.is_prepared():
+        prepare_tfds(builder, name)  # a one-line DataError when it cannot be
+    try:
+        dataset = builder.as_dataset(split=split, shuffle_files=False)
+        info = builder.info
         count = info.splits[split].num_examples
-    except Exception as error:  # TFDS raises many kinds: unknown name, bad split, download...
+    except Exception as error:  # a bad split
         first_line = (str(error).splitlines() or [type(error).__name__])[0]  # not its catalogue
         raise ExtractionError(f"cannot load TFDS {spec}: {first_line}") from None
     label = info.features["label"] if "label" in info.features.keys() else None
