@@ -19,12 +19,27 @@ from caco_tf.training.config import ConfigError, load_config
 
 
 def load_data(config):
-    """The training source and the held-out source, if any.
+    """The training source and the labelled held-out source, if any: ``data.held_out`` when
+    set, else the source's own held-out split (``sources.load_source``).
 
     The encoder never sees labels; they serve evaluation only (kNN, the online probe)."""
     settings = config["data"]
-    return sources.load_source(settings["source"], channels=settings["channels"],
-                               data_dir=settings["data_dir"], manual_dir=settings["manual_dir"])
+    train, held_out = sources.load_source(
+        settings["source"], channels=settings["channels"], data_dir=settings["data_dir"],
+        manual_dir=settings["manual_dir"])
+    if settings["held_out"]:
+        held_out = sources.load_held_out(
+            settings["held_out"], train, channels=settings["channels"],
+            data_dir=settings["data_dir"], manual_dir=settings["manual_dir"])
+    return train, held_out
+
+
+def warmup_steps(config, steps_per_epoch):
+    """Steps of the MoCo-style warm-up that fills the bank: ``caco.warmup_epochs`` epochs, and
+    at least ``caco.warmup_min_steps`` (the key encoder's EMA needs a few hundred steps to
+    follow the query encoder before the resync, however few steps an epoch has)."""
+    caco = config["caco"]
+    return max(caco["warmup_epochs"] * steps_per_epoch, caco["warmup_min_steps"])
 
 
 def build_views(config):
@@ -74,7 +89,7 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
         bank_learning_rate=optimizers.WarmupCosine(caco["bank_lr"], total_steps),
         bank_momentum=caco["bank_momentum"],
         key_momentum=optimizers.CosineMomentum(caco["key_momentum"], total_steps),
-        warmup_steps=caco["warmup_epochs"] * steps_per_epoch,
+        warmup_steps=warmup_steps(config, steps_per_epoch),
         warmup_temperature=caco["warmup_temperature"],
         resync_after_warmup=caco["resync_after_warmup"],
         online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,

@@ -14,7 +14,7 @@ import tensorflow as tf
 import yaml
 
 from caco_tf import data
-from caco_tf.build import build_model, build_views, load_data
+from caco_tf.build import build_model, build_views, load_data, warmup_steps
 from caco_tf.evaluation import knn
 from caco_tf.evaluation.monitor import KNNMonitor
 from caco_tf.serving import export
@@ -22,11 +22,14 @@ from caco_tf.training import callbacks, distribute
 from caco_tf.training.config import ConfigError, changed_settings
 
 
-def check_sizes(config, num_images):
+def check_sizes(config, num_images, replicas=1):
     batch, bank = config["train"]["batch_size"], config["caco"]["bank_size"]
     if batch > num_images:
         raise data.DataError(f"train.batch_size {batch} is larger than the data set "
                              f"({num_images} images)")
+    if batch % replicas:
+        raise ConfigError(f"train.batch_size {batch} must split evenly over the {replicas} "
+                          f"replicas: use a multiple of {replicas}")
     # One pass writes one key per image of its full batches: the bank holds distinct images
     # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
     filled = (num_images // batch) * batch
@@ -34,22 +37,45 @@ def check_sizes(config, num_images):
         raise data.DataError(
             f"caco.bank_size {bank} is larger than the data set at initialization: one pass "
             f"fills {filled} rows from {num_images} images in batches of {batch}")
+    steps = num_images // batch
+    warmup = warmup_steps(config, steps)
+    if warmup >= config["train"]["epochs"] * steps:
+        raise ConfigError(f"the warm-up ({warmup} steps: caco.warmup_epochs "
+                          f"{config['caco']['warmup_epochs']}, caco.warmup_min_steps "
+                          f"{config['caco']['warmup_min_steps']}) must end before the run's "
+                          f"{config['train']['epochs'] * steps} steps")
+
+
+# Settings that change the schedules of a run in progress (learning rates, warm-up, EMA
+# momentum, steps per epoch): a resume refuses them unless train.on_schedule_change says how.
+SCHEDULE_SETTINGS = ("data.source", "train.epochs", "train.batch_size", "train.learning_rate",
+                     "train.lr_warmup_epochs", "train.optimizer", "caco.bank_lr",
+                     "caco.key_momentum", "caco.warmup_epochs", "caco.warmup_min_steps")
+
+
+class TrainingStopped(ConfigError):
+    """The run stopped itself (a NaN loss, a collapse with ``train.stop_on_collapse``)."""
 
 
 def run(config, run_dir, verbose=1):
     """Pre-train (resuming if ``run_dir`` holds a backup), evaluate and export. Returns results.
 
     Under MultiWorkerMirroredStrategy every worker runs this with the same config; only the
-    chief writes the run folder, evaluates and exports (the others return an empty dict).
+    chief writes the run folder and exports (the others return an empty dict); every worker
+    computes its share of the kNN evaluations.
     """
     # First: a multi-worker strategy must be created before TensorFlow runs any op.
     strategy = distribute.make_strategy(config["distribute"]["strategy"])
     keras.utils.set_random_seed(config["train"]["seed"])
     train, held_out = load_data(config)
-    check_sizes(config, len(train))
+    check_sizes(config, len(train), strategy.num_replicas_in_sync)
     probe_classes = online_probe_classes(config, train)
     chief = distribute.is_chief(strategy)
-    changes = changes_since_backup(run_dir, config)
+    batch = config["train"]["batch_size"]
+    steps_per_epoch = len(train) // batch
+    backup = callbacks.read_backup(run_dir)
+    changes = changes_since_backup(run_dir, config) if backup else []
+    check_plan(config, run_dir, backup, changes, steps_per_epoch)
 
     def write_config():
         with open(os.path.join(run_dir, "config.yaml"), "w") as handle:
@@ -61,40 +87,72 @@ def run(config, run_dir, verbose=1):
             write_config()
         # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
-    batch = config["train"]["batch_size"]
-    steps_per_epoch = len(train) // batch
     views = build_views(config)
     with _dtype_policy(config["train"]["precision"]), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
     skipped = data.SkippedFiles()  # unreadable images: skipped, reported once per epoch
-    # With the online probe the batches carry the labels, which only the probe reads; the
-    # views are the same either way.
+    # Epoch e is its own seeded pass over the images: a resumed run starts at the epoch it
+    # stopped in, with the images, order and views it would have had.  With the online probe
+    # the batches carry the labels, which only the probe reads; the views are the same.
     dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
         train, batch, views, seed=config["data"]["seed"], input_context=context,
         skipped=skipped, image_size=config["data"]["image_size"],
-        channels=config["data"]["channels"], with_labels=probe_classes is not None))
-    monitor = knn_monitor(config, views, train, held_out)
+        channels=config["data"]["channels"], with_labels=probe_classes is not None,
+        first_epoch=backup.epoch if backup else 0, steps_per_epoch=steps_per_epoch))
+    monitor = knn_monitor(config, views, train, held_out, strategy)
+    guard = callbacks.HealthMonitor(
+        health_sample(config, views, train), config["caco"]["bank_size"]
+        if config["caco"]["method"] == "caco" else 0, 2 * steps_per_epoch * batch,
+        stop_on_collapse=config["train"]["stop_on_collapse"])
     model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
               shuffle=False,  # the dataset shuffles itself, once per epoch
               verbose=verbose if chief else 0,
-              callbacks=_callbacks(run_dir, chief, monitor, precise_bn(config, views, train),
-                                   changes, write_config if chief and changes else None)
+              callbacks=[callbacks.Throughput(batch), guard]
+              + _callbacks(run_dir, chief, monitor, precise_bn(config, views, train), changes,
+                           write_config if chief and changes else None, steps_per_epoch)
               + [skipped.callback()])
-    if not chief:
-        return {}
+    if model.unhealthy:
+        last = callbacks.read_backup(run_dir)
+        kept = (f"its last good state (epoch {last.epoch}) is kept in "
+                f"{os.path.join(run_dir, 'backup')}" if last else "no epoch finished before")
+        advice = ("lower the learning rates (train.learning_rate, caco.bank_lr) or use "
+                  "train.precision float32" if "loss became" in model.unhealthy
+                  else callbacks.COLLAPSE_ADVICE)
+        raise TrainingStopped(f"the run stopped: {model.unhealthy}; {kept}; {advice}")
 
-    backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
     results = {"epochs": config["train"]["epochs"],
                "replicas": int(strategy.num_replicas_in_sync)}
     if held_out is not None and train.has_labels:
-        results["knn_top1"] = knn_top1(backbone, views, config, train, held_out)
+        results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
+                                       strategy)
+    if not chief:
+        return {}
+    backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
     results["saved_model"] = export.export_backbone(
         backbone, os.path.join(run_dir, "saved_model"), config["data"]["image_size"],
         config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
     with open(os.path.join(run_dir, "results.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     return results
+
+
+def check_plan(config, run_dir, backup, changes, steps_per_epoch):
+    """Refuse, in one line, a resume whose settings change the schedules of the run in
+    progress, unless ``train.on_schedule_change`` is ``rescale`` (then every schedule is
+    re-planned over the new length and the run continues at its step: the learning rates and
+    the EMA momentum jump to the new plan's values there)."""
+    if backup is None or config["train"]["on_schedule_change"] == "rescale":
+        return
+    changed = [change for change in changes if change.split(":")[0] in SCHEDULE_SETTINGS]
+    if backup.steps_per_epoch and backup.steps_per_epoch != steps_per_epoch:
+        changed.append(f"steps per epoch: {backup.steps_per_epoch} -> {steps_per_epoch}")
+    if changed:
+        raise ConfigError(
+            f"cannot resume {run_dir} at epoch {backup.epoch}: {', '.join(changed)} would "
+            f"change the schedules of the run in progress; re-run with the settings it was "
+            f"trained with, or add --set train.on_schedule_change=rescale to re-plan the rest "
+            f"of the run over the new length")
 
 
 def changes_since_backup(run_dir, config):
@@ -124,18 +182,50 @@ def online_probe_classes(config, train):
     return classes
 
 
-def knn_monitor(config, views, train, held_out):
+def knn_monitor(config, views, train, held_out, strategy=None):
     """The kNN monitor callback (training labels against the held-out split), or None.
 
     None when ``evaluation.knn_monitor_every`` is 0 or the data has no labelled held-out split.
+    It reads bounded, class-balanced samples of both (``evaluation.knn_train_images``,
+    ``knn_test_images``), which every replica and worker of ``strategy`` share.
     """
     every = config["evaluation"]["knn_monitor_every"]
     if not every or held_out is None or not train.has_labels:
         return None
-    return KNNMonitor(
-        eval_dataset(config, views, train), eval_dataset(config, views, held_out), every=every,
-        k=config["evaluation"]["knn_monitor_k"],
-        temperature=config["evaluation"]["knn_monitor_temperature"])
+    train_set, test_set = knn_sets(config, views, train, held_out)
+    return KNNMonitor(train_set, test_set, every=every, k=config["evaluation"]["knn_monitor_k"],
+                      temperature=config["evaluation"]["knn_monitor_temperature"],
+                      strategy=strategy)
+
+
+def knn_sets(config, views, train, held_out, skipped=None):
+    """``knn.EvalSet``s of the class-balanced samples of ``train`` and ``held_out`` that the
+    kNN evaluations read (``evaluation.knn_train_images``, ``knn_test_images``)."""
+    settings = config["evaluation"]
+    classes = data.num_classes(train, held_out)
+    sets = []
+    for source, count in ((train, settings["knn_train_images"]),
+                          (held_out, settings["knn_test_images"])):
+        chosen = data.balanced_subset(source, count, classes)
+
+        def make(shards, batch_size, chosen=chosen):
+            return data.eval_dataset(chosen, batch_size, views.normalize,
+                                     image_size=config["data"]["image_size"],
+                                     channels=config["data"]["channels"], skipped=skipped,
+                                     shards=shards)
+        sets.append(knn.EvalSet(make, len(chosen), settings["batch_size"]))
+    return tuple(sets)
+
+
+def health_sample(config, views, train):
+    """Batches of ``evaluation.health_images`` un-augmented training images, an even sample:
+    what ``HealthMonitor`` measures the effective ranks on (None when 0)."""
+    count = config["evaluation"]["health_images"]
+    if not count:
+        return None
+    every = max(1, len(train) // count)
+    return eval_dataset(config, views, train, every=every).take(
+        -(-count // config["evaluation"]["batch_size"]))
 
 
 def precise_bn(config, views, train):
@@ -147,24 +237,26 @@ def precise_bn(config, views, train):
     return callbacks.PreciseBatchNorm(eval_dataset(config, views, train, every=every))
 
 
-def _callbacks(run_dir, chief, monitor=None, precise=None, changes=(), restored=None):
-    """Resume state for every process; monitor, BatchNorm re-estimation, logs, TensorBoard,
-    checkpoints: chief only (only the chief evaluates and exports).
+def _callbacks(run_dir, chief, monitor=None, precise=None, changes=(), restored=None,
+               steps_per_epoch=None):
+    """The monitor and BatchNorm re-estimation, resume state for every process; logs,
+    TensorBoard, checkpoints: chief only (only the chief writes the run folder).
 
     The monitor comes before the loggers: they record what it adds to the epoch's logs; the
-    re-estimation after the monitor (its curve compares like with like) and before the
-    checkpoint (which saves the new statistics).  ``changes``, ``restored``: see
-    ``callbacks.resumable``.
+    re-estimation after the monitor (its curve compares like with like), and both before the
+    backup and the checkpoint (which save the new statistics).  ``changes``, ``restored``:
+    see ``callbacks.Resume``.
     """
-    resume = callbacks.resumable(run_dir, writer=chief, changes=changes, restored=restored)
+    resume = callbacks.Resume(run_dir, writer=chief, changes=changes, restored=restored,
+                              steps_per_epoch=steps_per_epoch)
+    evaluation = [callback for callback in (monitor, precise) if callback]
     if not chief:
-        return [resume]
+        return evaluation + [resume]
     loggers = [callbacks.HistoryJSON(os.path.join(run_dir, "history.json")),
                keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard")),
-               keras.callbacks.ModelCheckpoint(
-                   os.path.join(run_dir, "checkpoints", "last.weights.h5"),
-                   save_weights_only=True)]
-    return [resume] + [callback for callback in (monitor, precise) if callback] + loggers
+               callbacks.Checkpoint(os.path.join(run_dir, "checkpoints", "last.weights.h5"),
+                                    save_weights_only=True)]
+    return evaluation + [resume] + loggers
 
 
 @contextlib.contextmanager
@@ -200,13 +292,14 @@ def eval_dataset(config, views, source, skipped=None, every=1):
                              channels=config["data"]["channels"], skipped=skipped, every=every)
 
 
-def knn_top1(backbone, views, config, train, held_out):
-    """Held-out weighted kNN top-1 (%) against the training images, per the config."""
+def knn_top1(backbone, views, config, train, held_out, strategy=None):
+    """Held-out weighted kNN top-1 (%) against the training images, per the config: bounded,
+    class-balanced samples of both (``knn_sets``), shared by the replicas and workers of
+    ``strategy``."""
     skipped = data.SkippedFiles()
-    train_features, train_labels = knn.extract_features(
-        backbone, eval_dataset(config, views, train, skipped))
-    test_features, test_labels = knn.extract_features(
-        backbone, eval_dataset(config, views, held_out, skipped))
+    train_set, test_set = knn_sets(config, views, train, held_out, skipped)
+    train_features, train_labels = knn.extract_features(backbone, train_set, strategy=strategy)
+    test_features, test_labels = knn.extract_features(backbone, test_set, strategy=strategy)
     skipped.report("kNN evaluation")
     accuracy = knn.knn_accuracy(
         train_features, train_labels, test_features, test_labels,

@@ -74,20 +74,33 @@ import tensorflow_datasets as tfds  # noqa: E402
 from PIL import Image  # noqa: E402
 
 
-def legacy_pretrain_dataset(images, batch_size, views, seed):
-    """The array pipeline as it was before the sources existed (the offline default's)."""
-    dataset = tf.data.Dataset.from_tensor_slices(images)
-    dataset = dataset.shuffle(len(images), seed=seed, reshuffle_each_iteration=True).repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=True).enumerate()
-    return dataset.map(lambda number, batch: views(
-        data.to_unit_float(batch), tf.stack([tf.cast(seed, tf.int64), number])))
+class EchoBatchViews:
+    """Batch views that pass the images through (which images each batch holds)."""
+
+    def __call__(self, images, seed):
+        return images, images
 
 
-def test_digit_views_pipeline_is_unchanged():
+def test_each_epoch_is_a_seeded_permutation_of_full_batches():
+    images = np.arange(100, dtype=np.uint8).reshape(100, 1, 1, 1)  # 3 full batches of 32
+    batches = [b[0].numpy().ravel() for b in data.pretrain_dataset(
+        images, 32, EchoBatchViews(), seed=5).take(9)]
+    epochs = [np.concatenate(batches[3 * e:3 * e + 3]) for e in range(3)]
+    for epoch in epochs:  # 96 distinct images of the 100, the rest dropped (drop_last)
+        assert len(set(np.round(epoch * 255).astype(int))) == 96
+    assert not np.array_equal(epochs[0], epochs[1])
+    again = [b[0].numpy().ravel() for b in data.pretrain_dataset(
+        images, 32, EchoBatchViews(), seed=5).take(9)]
+    np.testing.assert_array_equal(np.concatenate(batches), np.concatenate(again))
+
+
+def test_a_stream_started_at_an_epoch_is_the_full_stream_from_there():
+    """What a resume relies on: epoch e's images, order and views depend on (seed, e) only."""
     images = data.load_offline_mnist()["train"][0][:96]
-    new = list(data.pretrain_dataset(images, 32, augment.DigitViews(), seed=5).take(4))
-    old = list(legacy_pretrain_dataset(images, 32, augment.DigitViews(), 5).take(4))
-    for (a1, a2), (b1, b2) in zip(new, old):
+    full = list(data.pretrain_dataset(images, 32, augment.DigitViews(), seed=5).take(9))
+    resumed = list(data.pretrain_dataset(images, 32, augment.DigitViews(), seed=5,
+                                         first_epoch=2).take(3))
+    for (a1, a2), (b1, b2) in zip(full[6:], resumed):
         np.testing.assert_array_equal(a1, b1)
         np.testing.assert_array_equal(a2, b2)
 
@@ -197,8 +210,7 @@ def test_every_image_once_per_epoch_across_input_pipelines(tmp_path):
                              (folder, sorted(path.encode() for path, _ in files))]:
         seen = []
         for pipeline in range(2):  # one pass: each pipeline reads half the images
-            stream = source.stream(seed=3, shards=(2, pipeline))
-            for element in stream.take(len(source) // 2).as_numpy_iterator():
+            for element in source.items(shards=(2, pipeline)).as_numpy_iterator():
                 seen.append(element[0] if source.encoded else int(element.ravel()[0]))
         assert sorted(seen) == expected
 
@@ -407,7 +419,7 @@ def test_labelled_tfds_batches_and_sharding():
         train, _ = data.load_source("tfds:mnist")
         assert data.num_classes(train) == 10
         by_image = {image_ops.decode_image(contents, 1).numpy().tobytes(): int(label)
-                    for contents, label in train.ordered().as_numpy_iterator()}
+                    for (contents, _), label in train.ordered().as_numpy_iterator()}
         assert len(by_image) == 12
         for context in (None, tf.distribute.InputContext(2, 1, 2)):
             plain = list(data.pretrain_dataset(train, 4, echo, seed=0, input_context=context)

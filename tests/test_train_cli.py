@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,7 +75,35 @@ def _epochs_done(run_dir):
         return 0
 
 
-def test_killed_run_resumes_from_its_last_epoch(small_data, tmp_path):
+@pytest.fixture(scope="module")
+def finished_run(small_data, tmp_path_factory):
+    """A finished, uninterrupted 4-epoch run: (its config file, its run folder)."""
+    folder = tmp_path_factory.mktemp("finished")
+    config = small_config(folder, small_data)
+    run_dir = str(folder / "run")
+    result = train("--config", config, "--run-dir", run_dir, "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return config, run_dir
+
+
+TIMING = ("step_ms", "images_per_s", "data_wait")  # wall-clock figures: never equal twice
+
+
+def _weights(path):
+    """Every array of a .weights.h5 file (model and optimizer), by its path in the file."""
+    import h5py
+
+    arrays = {}
+    with h5py.File(path, "r") as handle:
+        handle.visititems(lambda name, item: arrays.__setitem__(name, item[()])
+                          if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def test_a_run_killed_mid_epoch_ends_as_the_uninterrupted_run(small_data, finished_run,
+                                                              tmp_path):
+    """Killed in epoch 3 and resumed, the run ends with the uninterrupted run's weights, bank,
+    bank momentum, optimizer state and history, bit for bit (one machine, same seed)."""
     config = small_config(tmp_path, small_data)
     run_dir = str(tmp_path / "run")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
@@ -107,20 +136,44 @@ def test_killed_run_resumes_from_its_last_epoch(small_data, tmp_path):
     expected_lr = np.mean([float(schedule(step)) for step in range(3 * STEPS, 4 * STEPS)])
     assert history[3]["lr"] == pytest.approx(expected_lr, rel=1e-4)
     assert history[3]["bank_lr"] > 0  # past the warm-up epoch: the CaCo phase
+
+    # Against the run that was never interrupted: the same images, order and views were seen.
+    _, reference_dir = finished_run
+    reference = json.load(open(os.path.join(reference_dir, "history.json")))
+    strip = [{k: v for k, v in row.items() if k not in TIMING} for row in history]
+    assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in reference]
+    resumed = _weights(os.path.join(run_dir, "checkpoints", "last.weights.h5"))
+    uninterrupted = _weights(os.path.join(reference_dir, "checkpoints", "last.weights.h5"))
+    assert resumed.keys() == uninterrupted.keys()
+    assert resumed["vars/0"].shape == resumed["vars/1"].shape == (128, 32)  # bank, momentum
+    for name in uninterrupted:
+        np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
     assert "run folder: " + os.path.abspath(run_dir) in result.stdout
     assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
                                        "saved_model.pb"))
 
 
-@pytest.fixture(scope="module")
-def finished_run(small_data, tmp_path_factory):
-    """A finished 2-epoch run: (its config file, its run folder)."""
-    folder = tmp_path_factory.mktemp("finished")
-    config = small_config(folder, small_data, epochs=2)
-    run_dir = str(folder / "run")
-    result = train("--config", config, "--run-dir", run_dir, "--quiet")
-    assert result.returncode == 0, result.stderr[-2000:]
-    return config, run_dir
+def test_a_resume_refuses_new_schedules_unless_told_to_rescale(finished_run, tmp_path):
+    config, finished = finished_run
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished, run_dir)
+    refused = train("--config", config, "--run-dir", run_dir, "--quiet",
+                    "--set", "train.epochs=5")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    error = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert error == [f"error: cannot resume {run_dir} at epoch 4: train.epochs: 4 -> 5 would "
+                     f"change the schedules of the run in progress; re-run with the settings "
+                     f"it was trained with, or add --set train.on_schedule_change=rescale to "
+                     f"re-plan the rest of the run over the new length"]
+    rescaled = train("--config", config, "--run-dir", run_dir, "--quiet",
+                     "--set", "train.epochs=5", "--set", "train.on_schedule_change=rescale")
+    assert rescaled.returncode == 0, rescaled.stderr[-2000:]
+    history = json.load(open(os.path.join(run_dir, "history.json")))
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4, 5]
+    # Epoch 5 follows the new plan: the cosine over 5 epochs, at steps 16..19.
+    schedule = optimizers.WarmupCosine(0.03 * 64 / 256, 5 * STEPS, STEPS)
+    expected_lr = np.mean([float(schedule(step)) for step in range(4 * STEPS, 5 * STEPS)])
+    assert history[4]["lr"] == pytest.approx(expected_lr, rel=1e-4)
 
 
 def test_resuming_with_a_differently_shaped_model_is_a_one_line_error(finished_run):
@@ -128,13 +181,14 @@ def test_resuming_with_a_differently_shaped_model_is_a_one_line_error(finished_r
     saved_config = open(os.path.join(run_dir, "config.yaml")).read()
     # The online probe adds layers the backup does not hold.
     result = train("--config", config, "--run-dir", run_dir, "--quiet",
-                   "--set", "evaluation.online_probe=true", "--set", "train.epochs=3")
+                   "--set", "evaluation.online_probe=true", "--set", "train.epochs=5",
+                   "--set", "train.on_schedule_change=rescale")
     assert result.returncode == 2
     error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1 and "Traceback" not in result.stderr
     assert "cannot resume from " + os.path.join(run_dir, "backup") in error[0]
     assert ("settings changed since it was saved: evaluation.online_probe: False -> True, "
-            "train.epochs: 2 -> 3.") in error[0]
+            "train.epochs: 4 -> 5, train.on_schedule_change: 'refuse' -> 'rescale'.") in error[0]
     # The run folder still describes the backup, so evaluation and export keep working.
     assert open(os.path.join(run_dir, "config.yaml")).read() == saved_config
 

@@ -16,9 +16,11 @@ _EXPORTS = {
     "pipeline": ["SkippedFiles", "distribute", "eval_dataset", "looks_complete",
                  "pretrain_dataset"],
     "sources": ["IMAGE_EXTENSIONS", "MNIST_TRAIN", "SOURCES", "ArraySource", "DataError",
-                "FileSource", "TFDSSource", "convert_array_channels", "folder_source",
+                "FileSource", "RecordSource", "Selection", "Source", "TFDSSource",
+                "balanced_subset", "convert_array_channels", "folder_source", "load_held_out",
                 "load_numpy", "load_offline_mnist", "load_offline_mnist_validation",
-                "load_source", "num_classes", "tfds_source"],
+                "load_source", "num_classes", "split_folders", "tfds_source",
+                "tfrecord_source"],
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_HOME)

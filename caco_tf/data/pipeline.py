@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from caco_tf.data import augment
 from caco_tf.data.images import decode_image, resize_and_center_crop, to_unit_float
-from caco_tf.data.sources import ArraySource, DataError, FileSource, TFDSSource, _labelled
+from caco_tf.data.sources import ArraySource, DataError, Source, _labelled
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _second(first, second):
 
 
 def _as_source(images):
-    if isinstance(images, (ArraySource, FileSource, TFDSSource)):
+    if isinstance(images, Source):
         return images
     return ArraySource(images)
 
@@ -168,19 +168,46 @@ def _shards(input_context):
     return input_context.num_input_pipelines, input_context.input_pipeline_id
 
 
+LAST_EPOCH = 2 ** 40  # the pipeline's passes run until training stops reading
+
+
+def shuffled(dataset, block, seed):
+    """``dataset`` shuffled block by block: each run of ``block`` elements in a stateless random
+    order seeded by (``seed``, the block's number), so the order is a function of the seed
+    alone (``Dataset.shuffle`` takes no tensor seed).  A block of a whole finite dataset's
+    length, repeated, gives a uniform permutation per repetition."""
+    seed = tf.cast(seed, tf.int64)
+
+    def permute(number, elements):
+        count = tf.shape(tf.nest.flatten(elements)[0], out_type=tf.int64)[0]
+        order = tf.random.experimental.index_shuffle(
+            tf.range(count), tf.stack([seed, number]), count - 1)
+        return tf.nest.map_structure(lambda values: tf.gather(values, order), elements)
+
+    return dataset.batch(block).enumerate().map(permute).unbatch()
+
+
 def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skipped=None,
-                     image_size=None, channels=None, with_labels=False):
-    """An endless stream of view batches; one pass over the images per epoch.
+                     image_size=None, channels=None, with_labels=False, first_epoch=0,
+                     steps_per_epoch=None):
+    """An endless stream of view batches, epoch by epoch: epoch e is its own pass over the
+    images, a permutation seeded by (seed, e), of ``steps_per_epoch`` full batches (the rest
+    of the pass is dropped, as PyTorch's ``drop_last``).
+
+    Everything is a function of (seed, epoch, position): image ``j`` of epoch ``e`` gets the
+    augmentation seed (seed, e, j) (batch views: the batch's), so a run is reproducible, every
+    epoch draws fresh views, and ``first_epoch`` starts the stream where an interrupted run
+    stopped (a resume) with exactly the images, order and views it would have had.  Bad files
+    are skipped within their epoch and replaced by further images of the same epoch's order.
 
     ``images``: a uint8 array [N, H, W, C] or a source (``load_source``).  ``views``: per-image
     views (``augment.ImageViews``: decoding and every view in one parallel map, then batches)
     or batch views (``augment.DigitViews``: batches of equal-size images; files are decoded and
-    resized to ``image_size`` first).  The images are reshuffled every pass; each image's (or
-    batch's) augmentation seed is (seed, its number in the stream), so a run is reproducible
-    and every epoch draws fresh views.
+    resized to ``image_size`` first).
 
     ``input_context`` (from ``distribute``): read this pipeline's shard and yield per-replica
     batches of ``batch_size`` divided among the replicas.  ``skipped`` counts bad files.
+    ``steps_per_epoch``: batches per epoch and pipeline (default: the shard's full batches).
 
     ``with_labels``: ``((view1, view2, ...), labels)`` batches, for the online probe only
     (``CaCo(online_probe_classes)``); the views are exactly those of ``with_labels=False``
@@ -197,9 +224,9 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
     if batch > available:
         raise DataError(f"batch size {batch} is larger than the data set ({available} images"
                         f"{' in this shard' if shards[0] > 1 else ''})")
+    steps = int(steps_per_epoch or available // batch)
+    buffer = source.shuffle_buffer(-(-len(source) // shards[0]))
     per_image = isinstance(views, augment.ImageViews)
-    stream = source.stream(seed, shards, labels=True) if with_labels else source.stream(
-        seed, shards)
     seed_tensor = tf.constant(seed, tf.int64)
 
     def carrying(function):
@@ -209,68 +236,82 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
             return function
         return lambda number, element: (function(number, element[0]), element[1])
 
-    def number_seed(number):  # (seed, number), distinct for each input pipeline
-        pair = tf.stack([seed_tensor, number])
-        return (tf.random.experimental.stateless_fold_in(pair, shards[1]) if shards[0] > 1
-                else pair)
-
-    if not per_image and not source.encoded:
-        # Batch views of arrays: the path the offline default has always taken.
-        dataset = stream.batch(batch, drop_remainder=True).enumerate()
-        dataset = dataset.map(carrying(lambda number, images: views(to_unit_float(images),
-                                                                    number_seed(number))),
-                              num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset.prefetch(tf.data.AUTOTUNE)
-
     channels = channels or (views.channels if per_image else 1)
     decode = _decoder(source, channels, skipped) if source.encoded else None
     if per_image:
         empty = tuple(tf.zeros([r.size, r.size, channels]) for r in views.recipes)
-
-        def prepare(number, image):
-            return views.augment_image(image, number_seed(number))
     else:
         size = image_size or 28
-
-        def prepare(number, image):  # batch views of files: decode and resize only
-            return resize_and_center_crop(to_unit_float(image)[None], size)[0]
         empty = tf.zeros([size, size, channels])
 
-    if source.encoded:
-        def prepare_encoded(number, element):
-            item, label = element if with_labels else (element, None)
-            image, ok = decode(*item)
-            prepared = tf.cond(ok, lambda: prepare(number, image), lambda: empty)
-            return number, ((prepared, label) if with_labels else prepared, ok)
+    def one_epoch(epoch):
+        # (seed, epoch, shard): this epoch's order, and the root of its images' view seeds.
+        root = tf.random.experimental.stateless_fold_in(tf.stack([seed_tensor, epoch]),
+                                                        shards[1])
+        order = tf.random.stateless_uniform([], root, maxval=tf.int64.max, dtype=tf.int64)
 
-        dataset = stream.enumerate().map(prepare_encoded, num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = _count_gaps(dataset.ignore_errors(), skipped)
-        dataset = dataset.filter(_second).map(_first)
-    else:
-        dataset = stream.enumerate().map(carrying(prepare), num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.batch(batch, drop_remainder=True)
-    if not per_image:
-        dataset = dataset.enumerate().map(
-            carrying(lambda number, images: views(images, number_seed(number))),
-            num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+        def number_seed(number):
+            return tf.random.experimental.stateless_fold_in(root, number)
+
+        # Beyond its first permutation the epoch's stream goes on with further ones: images
+        # that stand in for bad files, never more than the epoch needs.
+        items = shuffled(source.items(shards, labels=with_labels, seed=order).repeat(), buffer,
+                         order)
+        if not per_image and not source.encoded:
+            # Batch views of arrays: the path the offline default takes.
+            dataset = items.batch(batch, drop_remainder=True).take(steps).enumerate()
+            return dataset.map(carrying(lambda number, images: views(
+                to_unit_float(images), number_seed(number))), num_parallel_calls=tf.data.AUTOTUNE)
+
+        if per_image:
+            def prepare(number, image):
+                return views.augment_image(image, number_seed(number))
+        else:
+            def prepare(number, image):  # batch views of files: decode and resize only
+                return resize_and_center_crop(to_unit_float(image)[None], size)[0]
+
+        if source.encoded:
+            def prepare_encoded(number, element):
+                item, label = element if with_labels else (element, None)
+                image, ok = decode(*item)
+                prepared = tf.cond(ok, lambda: prepare(number, image), lambda: empty)
+                return number, ((prepared, label) if with_labels else prepared, ok)
+
+            dataset = items.enumerate().map(prepare_encoded,
+                                            num_parallel_calls=tf.data.AUTOTUNE)
+            dataset = _count_gaps(dataset.ignore_errors(), skipped)
+            dataset = dataset.filter(_second).map(_first)
+        else:
+            dataset = items.enumerate().map(carrying(prepare),
+                                            num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.batch(batch, drop_remainder=True).take(steps)
+        if not per_image:
+            dataset = dataset.enumerate().map(
+                carrying(lambda number, images: views(images, number_seed(number))),
+                num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset
+
+    epochs = tf.data.Dataset.range(int(first_epoch), LAST_EPOCH)
+    return epochs.flat_map(one_epoch).prefetch(tf.data.AUTOTUNE)
 
 
 def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, channels=None,
-                 skipped=None, every=1):
+                 skipped=None, every=1, shards=(1, 0)):
     """Images (and labels) in order, normalized as for evaluation, no augmentation.
 
     ``images``: a uint8 array (used as it is) or a source, whose images are decoded (bad files
     skipped, with their labels), resized so the shorter side is ``image_size`` / 0.875 and
     centre-cropped to ``image_size`` — exactly the exported model's preprocessing.  A source
     yields its own labels when it has them.  ``every``: only every ``every``-th image (an even
-    sample of a source stored class by class).
+    sample of a source stored class by class).  ``shards`` = (count, index): only the
+    ``index``-th of every ``count`` images (one input pipeline's share).
     """
     if isinstance(images, ArraySource) and image_size in (None, images.images.shape[1]):
         images, labels = images.images, images.labels  # already at size: the array path
-    if not isinstance(images, (ArraySource, FileSource, TFDSSource)):
-        images = images[::every]
-        labels = None if labels is None else labels[::every]
+    step, first = every * shards[0], every * shards[1]
+    if not isinstance(images, Source):
+        images = images[first::step]
+        labels = None if labels is None else labels[first::step]
         dataset = tf.data.Dataset.from_tensor_slices(images).batch(batch_size)
         dataset = dataset.map(lambda x: normalize(to_unit_float(x)),
                               num_parallel_calls=tf.data.AUTOTUNE)
@@ -291,16 +332,16 @@ def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, ch
         if decode is None:
             image, ok = item, tf.constant(True)
         else:
-            image, ok = decode(item, item if isinstance(source, FileSource) else
-                               tf.strings.format("{} #{}", (source.name, index)))
+            image, ok = decode(*item)
         image = resize_and_center_crop(to_unit_float(image)[None], size)[0]
         return index, (image, label, ok)
 
-    dataset = source.ordered().shard(every, 0).enumerate().map(
+    dataset = source.ordered().shard(step, first).enumerate().map(
         prepare, num_parallel_calls=tf.data.AUTOTUNE)
     if source.encoded:
         # A sentinel after the last image makes a dropped last file a gap too.
-        end = tf.data.Dataset.from_tensors((tf.constant(-(-len(source) // every), tf.int64), (
+        count = len(range(first, len(source), step))
+        end = tf.data.Dataset.from_tensors((tf.constant(count, tf.int64), (
             tf.zeros([size, size, channels]), tf.constant(-1, tf.int64), tf.constant(False))))
         dataset = _count_gaps(dataset.ignore_errors().concatenate(end), skipped)
     else:

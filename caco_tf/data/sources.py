@@ -5,15 +5,22 @@
 - ``mnist`` / ``mnist_validation``: the embedded offline MNIST split (``load_offline_mnist``);
 - ``npz:PATH``: an .npz with ``images`` (and optionally ``labels``) or an .npy of images;
 - ``folder:PATH``: image files (.jpg, .jpeg, .png, .bmp, .gif; RGB, grayscale or RGBA), with
-  one sub-folder per class giving the labels, or all directly in PATH (unlabelled);
+  one sub-folder per class giving the labels, or all directly in PATH (unlabelled); a folder
+  laid out as ImageNet's (``train/`` and ``val/``, each of class sub-folders) gives both
+  splits;
 - ``tfds:NAME[:SPLIT]``: a TensorFlow Datasets data set (split ``train`` by default), read from
-  ``data_dir`` and prepared (downloaded, or from ``manual_dir`` for imagenet2012) if needed.
+  ``data_dir`` and prepared (downloaded, or from ``manual_dir`` for imagenet2012) if needed;
+- ``tfrecord:GLOB``: TFRecord shards of ``image/encoded`` (+ ``image/class/label``) examples.
+
+``load_held_out`` reads a labelled held-out source of the user's choosing (``data.held_out``),
+and ``balanced_subset`` bounds what evaluation reads (a class-balanced sample).
 
 A source is an ``ArraySource`` (decoded uint8 arrays in memory), a ``FileSource`` (file paths,
-read and decoded by the pipeline) or a ``TFDSSource`` (encoded records); each gives an endless
-reshuffled ``stream`` for pre-training and an ``ordered`` pass for evaluation.  A missing or
-unreadable path, an empty folder or an unknown TFDS name is a ``DataError`` with a one-line
-message.
+read and decoded by the pipeline), a ``RecordSource`` (encoded images in TFRecord files: a
+prepared TFDS split or TFRecord shards) or a ``TFDSSource`` (TFDS without files, as its mock
+data); each gives its ``items`` once, which the pipeline shuffles pass by pass, and an
+``ordered`` pass for evaluation (``Source``).  A missing or unreadable path, an empty folder or
+an unknown TFDS name is a ``DataError`` with a one-line message.
 """
 
 import os
@@ -26,8 +33,11 @@ from caco_tf.errors import DataError
 
 MNIST_TRAIN = 4000  # the offline split: permutation(seed 0), first 4,000 train, last 1,000 held out
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
-SOURCES = "mnist, mnist_validation, npz:PATH, folder:PATH or tfds:NAME[:SPLIT]"
-TFDS_SHUFFLE_BUFFER = 16384  # encoded ImageNet images average ~110 kB: ~1.8 GB of buffer
+SOURCES = "mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or tfrecord:GLOB"
+# Record sources shuffle through a buffer of this many encoded images (ImageNet's average ~110 kB:
+# ~1.8 GB) after reading RECORD_CYCLE files at a time in a seeded random order.
+RECORD_SHUFFLE_BUFFER = 16384
+RECORD_CYCLE = 16
 
 
 def load_offline_mnist():
@@ -93,7 +103,38 @@ def convert_array_channels(images, channels):
     return np.round(gray)[..., None].astype(images.dtype)
 
 
-class ArraySource:
+class Source:
+    """What every source gives the pipelines (``caco_tf.data.pipeline``).
+
+    ``items(shards, labels, seed)``: this shard's elements once, as a finite ``tf.data``
+    dataset: decoded images (``encoded`` False) or (item, name) pairs that ``load`` turns into
+    encoded bytes, each with its label when ``labels``; ``seed`` (an int64 tensor, or None for
+    the fixed order) lets a source shuffle coarsely on its own (record files), before the
+    pipeline's shuffle buffer of ``shuffle_buffer`` elements.  ``ordered()``: every (item,
+    label) once, in order, label -1 when unlabelled (evaluation).
+    """
+
+    encoded = True
+    class_names = ()
+
+    @property
+    def has_labels(self):
+        return self.labels is not None
+
+    def shuffle_buffer(self, count):
+        """A whole shard: every pass is a uniform permutation of it."""
+        return max(1, int(count))
+
+    @staticmethod
+    def load(item):
+        return item
+
+
+def _shard(dataset, shards):
+    return dataset.shard(*shards) if shards[0] > 1 else dataset
+
+
+class ArraySource(Source):
     """Decoded images in memory, uint8 [N, H, W, C] (all of one size), optionally labelled."""
 
     encoded = False
@@ -104,31 +145,23 @@ class ArraySource:
     def __len__(self):
         return len(self.images)
 
-    @property
-    def has_labels(self):
-        return self.labels is not None
-
-    def stream(self, seed, shards=(1, 0), labels=False):
-        """Endless images, reshuffled every pass; ``shards`` = (count, index).
-
-        ``labels``: (image, label) elements instead, in the same order (``_labelled``)."""
-        dataset = tf.data.Dataset.from_tensor_slices(
-            (self.images, _labelled(self)) if labels else self.images)
-        if shards[0] > 1:
-            dataset = dataset.shard(*shards)
-        size = -(-len(self) // shards[0])
-        return dataset.shuffle(size, seed=seed, reshuffle_each_iteration=True).repeat()
+    def items(self, shards=(1, 0), labels=False, seed=None):
+        return _shard(tf.data.Dataset.from_tensor_slices(
+            (self.images, _labelled(self)) if labels else self.images), shards)
 
     def ordered(self):
         """(image, label) in order, once (label -1 when unlabelled)."""
         labels = self.labels if self.has_labels else np.full(len(self), -1, np.int64)
         return tf.data.Dataset.from_tensor_slices((self.images, np.asarray(labels, np.int64)))
 
+    def subset(self, indices):
+        return ArraySource(self.images[indices],
+                           None if self.labels is None else np.asarray(self.labels)[indices],
+                           name=self.name)
 
-class FileSource:
+
+class FileSource(Source):
     """Image files; labels are the indices of their class folders (``class_names``)."""
-
-    encoded = True
 
     def __init__(self, paths, labels=None, class_names=(), name="files"):
         self.paths, self.labels, self.class_names, self.name = paths, labels, class_names, name
@@ -136,27 +169,24 @@ class FileSource:
     def __len__(self):
         return len(self.paths)
 
-    @property
-    def has_labels(self):
-        return self.labels is not None
-
-    def stream(self, seed, shards=(1, 0), labels=False):
-        """Endless (contents, name), reshuffled every pass (the paths are; files read later).
-
-        ``labels``: ((contents, name), label) elements instead, in the same order."""
-        dataset = tf.data.Dataset.from_tensor_slices(
-            (self.paths, _labelled(self)) if labels else self.paths)
-        if shards[0] > 1:
-            dataset = dataset.shard(*shards)
-        size = -(-len(self) // shards[0])
-        dataset = dataset.shuffle(size, seed=seed, reshuffle_each_iteration=True).repeat()
+    def items(self, shards=(1, 0), labels=False, seed=None):
+        """(path, path) elements (the file is read later, in the parallel map)."""
         if labels:
-            return dataset.map(lambda path, label: ((path, path), label))
-        return dataset.map(lambda path: (path, path))
+            dataset = tf.data.Dataset.from_tensor_slices((self.paths, _labelled(self)))
+            return _shard(dataset, shards).map(lambda path, label: ((path, path), label))
+        return _shard(tf.data.Dataset.from_tensor_slices(self.paths), shards).map(
+            lambda path: (path, path))
 
     def ordered(self):
         labels = self.labels if self.has_labels else np.full(len(self), -1, np.int64)
-        return tf.data.Dataset.from_tensor_slices((self.paths, np.asarray(labels, np.int64)))
+        return tf.data.Dataset.from_tensor_slices(
+            (self.paths, np.asarray(labels, np.int64))).map(
+            lambda path, label: ((path, path), label))
+
+    def subset(self, indices):
+        return FileSource(np.asarray(self.paths)[indices],
+                          None if self.labels is None else np.asarray(self.labels)[indices],
+                          self.class_names, name=self.name)
 
     @staticmethod
     def load(path):
@@ -164,14 +194,76 @@ class FileSource:
         return tf.io.read_file(path)
 
 
-class TFDSSource:
-    """A TensorFlow Datasets split, its images kept encoded until the pipeline decodes them."""
+class RecordSource(Source):
+    """Encoded images in files of serialized records (TFRecord): a TFDS split on disk or
+    TFRecord shards (``tfrecord:GLOB``).
 
-    encoded = True
+    ``instructions``: (file, skip, take) triples, in order; ``parse``: serialized record →
+    (encoded image, int64 label, -1 when unlabelled).  Pre-training reads the files of a pass in
+    a seeded random order, several at a time (``interleave``), then through a shuffle buffer;
+    under several input pipelines each reads an even share of the records.
+    """
+
+    def __init__(self, instructions, parse, labelled, classes, name):
+        self.instructions = [(str(f), int(skip), int(take)) for f, skip, take in instructions]
+        self.parse, self.labelled, self.classes, self.name = parse, labelled, classes, name
+        self.labels = None  # in the records
+
+    def __len__(self):
+        return sum(take for _, _, take in self.instructions)
+
+    @property
+    def has_labels(self):
+        return self.labelled
+
+    def shuffle_buffer(self, count):
+        return max(1, min(RECORD_SHUFFLE_BUFFER, int(count)))
+
+    def _records(self, instructions, seed=None):
+        files, skips, takes = (list(column) for column in zip(*instructions))
+        table = tf.data.Dataset.from_tensor_slices((files, np.asarray(skips, np.int64),
+                                                    np.asarray(takes, np.int64)))
+        if seed is not None and len(files) > 1:  # this pass's file order
+            order = tf.random.experimental.index_shuffle(
+                tf.range(len(files), dtype=tf.int64), _pair(seed), len(files) - 1)
+            table = tf.data.Dataset.from_tensor_slices(order).map(
+                lambda i: (tf.gather(files, i), tf.gather(np.asarray(skips, np.int64), i),
+                           tf.gather(np.asarray(takes, np.int64), i)))
+        return table.interleave(
+            lambda path, skip, take: tf.data.TFRecordDataset(path).skip(skip).take(take).map(
+                lambda record: (record, path)),
+            cycle_length=min(RECORD_CYCLE, len(files)), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def items(self, shards=(1, 0), labels=False, seed=None):
+        """((encoded image, file name)[, label]) of this shard's even share of the records."""
+        if labels:
+            _labelled(self)
+        instructions = (even_share(self.instructions, *shards) if shards[0] > 1
+                        else self.instructions)
+
+        def element(record, path):
+            image, label = self.parse(record)
+            return ((image, path), label) if labels else (image, path)
+
+        return self._records(instructions, seed).map(element,
+                                                     num_parallel_calls=tf.data.AUTOTUNE)
+
+    def ordered(self):
+        def pair(record, path):
+            image, label = self.parse(record)
+            return (image, path), label
+        return self._records(self.instructions).map(pair)
+
+
+class TFDSSource(Source):
+    """A TFDS split read through ``as_dataset`` (data without record files on disk, such as
+    ``tfds.testing.mock_data``); prepared splits are ``RecordSource``s."""
 
     def __init__(self, builder, split, image_key, label_key, size, name):
         self.builder, self.split, self.name = builder, split, name
         self.image_key, self.label_key, self.size = image_key, label_key, size
+        self.labels = None
 
     def __len__(self):
         return self.size
@@ -180,74 +272,124 @@ class TFDSSource:
     def has_labels(self):
         return self.label_key is not None
 
-    def _read(self, split, shuffle_seed=None):
+    def shuffle_buffer(self, count):
+        return max(1, min(RECORD_SHUFFLE_BUFFER, int(count)))
+
+    def _read(self, split):
         import tensorflow_datasets as tfds
 
-        read_config = tfds.ReadConfig(shuffle_seed=shuffle_seed,
-                                      shuffle_reshuffle_each_iteration=True)
-        return self.builder.as_dataset(
-            split=split, shuffle_files=shuffle_seed is not None, read_config=read_config,
-            decoders={self.image_key: tfds.decode.SkipDecoding()})
+        return self.builder.as_dataset(split=split, shuffle_files=False,
+                                       decoders={self.image_key: tfds.decode.SkipDecoding()})
 
-    def stream(self, seed, shards=(1, 0), labels=False):
-        """Endless (encoded image, name); ``labels``: ((encoded image, name), label)."""
+    def items(self, shards=(1, 0), labels=False, seed=None):
         import tensorflow_datasets as tfds
 
         if labels:
             _labelled(self)
         split = self.split if shards[0] == 1 else tfds.even_splits(self.split, shards[0])[
             shards[1]]
-        dataset = self._read(split, shuffle_seed=seed)
-        name_key = "file_name" if "file_name" in self.builder.info.features else None
+        name = tf.constant(f"{self.name} record")
 
         def element(example):
-            pair = (example[self.image_key],
-                    example[name_key] if name_key else tf.constant(f"{self.name} record"))
+            pair = (example[self.image_key], name)
             return (pair, tf.cast(example[self.label_key], tf.int64)) if labels else pair
 
-        dataset = dataset.map(element)
-        buffer = min(TFDS_SHUFFLE_BUFFER, len(self))
-        return dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+        return self._read(split).map(element)
 
     def ordered(self):
+        name = tf.constant(f"{self.name} record")
+
         def pair(example):
             label = (tf.cast(example[self.label_key], tf.int64) if self.has_labels
                      else tf.constant(-1, tf.int64))
-            return example[self.image_key], label
+            return (example[self.image_key], name), label
         return self._read(self.split).map(pair)
 
-    @staticmethod
-    def load(contents):
-        return contents
+
+def _pair(seed):
+    """An int64 scalar seed → the [2] seed stateless ops take."""
+    seed = tf.cast(seed, tf.int64)
+    return tf.stack([seed, tf.bitwise.right_shift(seed, 17) + 7919])
 
 
-def folder_source(path):
-    """``FileSource`` of the images under ``path``: class sub-folders, or files directly in it."""
+def even_share(instructions, count, index):
+    """(file, skip, take) instructions of the ``index``-th of ``count`` even shares of the records
+    (contiguous in file order; shares differ by at most one record)."""
+    total = sum(take for _, _, take in instructions)
+    start, stop = index * total // count, (index + 1) * total // count
+    share, position = [], 0
+    for path, skip, take in instructions:
+        low, high = max(start, position), min(stop, position + take)
+        if low < high:
+            share.append((path, skip + low - position, high - low))
+        position += take
+    return share or [instructions[0][:2] + (0,)]
+
+
+SPLIT_FOLDERS = ("train", "val", "validation", "test")
+HELD_OUT_FOLDERS = ("val", "validation", "test")  # in this order of preference
+
+
+def _images_under(folder):
+    found = []
+    for root, dirs, files in os.walk(folder, onerror=_raise_unreadable):
+        dirs.sort()
+        found += [os.path.join(root, f) for f in sorted(files)
+                  if f.lower().endswith(IMAGE_EXTENSIONS)]
+    return found
+
+
+def _list_folder(path):
     if not os.path.exists(path):
         raise DataError(f"data path not found: {path}")
     if not os.path.isdir(path):
         raise DataError(f"not a folder: {path}")
     try:
-        entries = sorted(os.listdir(path))
+        return sorted(os.listdir(path))
     except OSError as error:
         raise DataError(f"cannot read folder {path}: {error.strerror}") from None
 
-    def images_under(folder):
-        found = []
-        for root, dirs, files in os.walk(folder, onerror=_raise_unreadable):
-            dirs.sort()
-            found += [os.path.join(root, f) for f in sorted(files)
-                      if f.lower().endswith(IMAGE_EXTENSIONS)]
-        return found
 
+def split_folders(path):
+    """(train folder, held-out folder or None) when ``path`` is laid out as ImageNet's
+    (``train/`` and ``val/``, ``validation/`` or ``test/``, each of class sub-folders), else
+    None."""
+    entries = _list_folder(path)
+    folders = [e for e in entries if os.path.isdir(os.path.join(path, e))]
+    if "train" not in folders or not set(folders) <= set(SPLIT_FOLDERS):
+        return None
+    if any(e.lower().endswith(IMAGE_EXTENSIONS) for e in entries):
+        return None  # images beside the folders: a flat, unlabelled folder after all
+    held_out = next((f for f in HELD_OUT_FOLDERS if f in folders), None)
+    return os.path.join(path, "train"), held_out and os.path.join(path, held_out)
+
+
+def folder_source(path, class_names=None):
+    """``FileSource`` of the images under ``path``: class sub-folders, or files directly in it.
+
+    ``class_names``: the training classes a held-out folder is labelled by (its sub-folders
+    must be among them); by default the sub-folders, sorted, are the classes 0, 1, 2, ...
+    """
+    entries = _list_folder(path)
     classes = [e for e in entries if os.path.isdir(os.path.join(path, e))]
     if classes:
-        per_class = [images_under(os.path.join(path, c)) for c in classes]
+        per_class = [_images_under(os.path.join(path, c)) for c in classes]
         classes = [c for c, files in zip(classes, per_class) if files]
         per_class = [files for files in per_class if files]
         paths = [p for files in per_class for p in files]
+        if class_names is not None:
+            unknown = [c for c in classes if c not in class_names]
+            if unknown:
+                raise DataError(f"{path}: class folder {unknown[0]!r} is not a training class "
+                                f"({len(class_names)} classes: {', '.join(class_names[:5])}"
+                                f"{', ...' if len(class_names) > 5 else ''})")
+            index = {name: i for i, name in enumerate(class_names)}
+            ids = [index[c] for c in classes]
+            classes = list(class_names)
+        else:
+            ids = range(len(classes))
         labels = np.concatenate([np.full(len(files), i, np.int64)
-                                 for i, files in enumerate(per_class)]) if paths else None
+                                 for i, files in zip(ids, per_class)]) if paths else None
     else:
         paths = [os.path.join(path, e) for e in entries if e.lower().endswith(IMAGE_EXTENSIONS)]
         labels = None
@@ -261,7 +403,8 @@ def _raise_unreadable(error):
 
 
 def tfds_source(name, split="train", data_dir=None, manual_dir=None):
-    """``TFDSSource`` of ``name``'s ``split``, preparing the data set if it is not yet."""
+    """The source of ``name``'s ``split``, preparing the data set if it is not yet: a
+    ``RecordSource`` of its record files, or a ``TFDSSource`` where it has none on disk."""
     import tensorflow_datasets as tfds
 
     try:
@@ -283,9 +426,30 @@ def tfds_source(name, split="train", data_dir=None, manual_dir=None):
         raise DataError(f"TFDS data set {name!r} has no split {split!r} (splits: "
                         f"{', '.join(splits)})")
     try:
+        instructions = splits[split].file_instructions if splits else []
         size = splits[split].num_examples if splits else None
     except Exception as error:  # noqa: BLE001 — a malformed slice such as 'train[:x]'
         raise DataError(f"bad TFDS split {split!r}: {_first_line(error)}") from None
+    record_files = (instructions and str(builder.info.file_format).endswith("TFRECORD")
+                    and all(os.path.exists(i.filename) for i in instructions))
+    if record_files:
+        image_key = image_keys[0]
+        decoders = {image_key: tfds.decode.SkipDecoding()}
+
+        def parse(record):
+            example = features.deserialize_example(record, decoders=decoders)
+            label = (tf.cast(example[label_key], tf.int64) if label_key
+                     else tf.constant(-1, tf.int64))
+            return example[image_key], label
+
+        source = RecordSource([(i.filename, i.skip, i.take) for i in instructions], parse,
+                              label_key is not None,
+                              int(features[label_key].num_classes) if label_key else 0,
+                              name=f"{name}:{split}")
+        source.builder, source.split = builder, split
+        if not len(source):
+            raise DataError(f"TFDS data set {name!r} split {split!r} is empty")
+        return source
     if not size:  # no metadata (e.g. tfds.testing.mock_data): count the records
         size = int(builder.as_dataset(split=split).cardinality().numpy())
         if size < 0:
@@ -293,6 +457,50 @@ def tfds_source(name, split="train", data_dir=None, manual_dir=None):
     if not size:
         raise DataError(f"TFDS data set {name!r} split {split!r} is empty")
     return TFDSSource(builder, split, image_keys[0], label_key, size, name=f"{name}:{split}")
+
+
+# TFRecord shards in the layout of the TF Model Garden's ImageNet (``imagenet_to_gcs.py``).
+TFRECORD_IMAGE = "image/encoded"
+TFRECORD_LABEL = "image/class/label"
+
+
+def tfrecord_source(pattern):
+    """``RecordSource`` of the TFRecord files matching ``pattern`` (a glob), each record an
+    ``tf.train.Example`` with ``image/encoded`` (JPEG/PNG/GIF/BMP bytes) and, when labelled,
+    ``image/class/label`` (int64, used as it is: the Model Garden's ImageNet counts from 1).
+
+    The records are counted once here (every file is read, without decoding images); records
+    that do not parse are skipped and counted by the pipelines, as bad image files are.
+    """
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise DataError(f"no TFRecord files match {pattern}")
+    spec = {TFRECORD_IMAGE: tf.io.FixedLenFeature([], tf.string, default_value=""),
+            TFRECORD_LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=-1)}
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        return example[TFRECORD_IMAGE], example[TFRECORD_LABEL]
+
+    def label_of(record):
+        return tf.io.parse_single_example(
+            record, {TFRECORD_LABEL: spec[TFRECORD_LABEL]})[TFRECORD_LABEL]
+
+    counts, largest = [], -1
+    for path in files:
+        labels = tf.data.TFRecordDataset(path).map(
+            label_of, num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
+        count, top = labels.reduce((np.int64(0), np.int64(-1)), lambda state, label: (
+            state[0] + 1, tf.maximum(state[1], label)))
+        try:
+            counts.append(int(count))
+        except tf.errors.OpError as error:
+            raise DataError(f"cannot read TFRecord file {path}: {_first_line(error)}") from None
+        largest = max(largest, int(top))
+    if not sum(counts):
+        raise DataError(f"the TFRecord files matching {pattern} hold no records")
+    return RecordSource([(path, 0, count) for path, count in zip(files, counts) if count],
+                        parse, largest >= 0, largest + 1, name=pattern)
 
 
 def prepare_tfds(builder, name, manual_dir=None):
@@ -306,11 +514,14 @@ def prepare_tfds(builder, name, manual_dir=None):
 
     instructions = " ".join((builder.MANUAL_DOWNLOAD_INSTRUCTIONS or "").split())
     where = manual_dir or os.path.join(str(builder.data_dir_root), "downloads", "manual")
-    if instructions and not (os.path.isdir(where) and os.listdir(where)):
+    mocked = builder.download_and_prepare.__module__.startswith("tensorflow_datasets.testing")
+    if mocked:  # tfds.testing.mock_data: preparation is a no-op, there is nothing to check
+        instructions = ""
+    elif instructions and not (os.path.isdir(where) and os.listdir(where)):
         state = "is empty" if os.path.isdir(where) else "does not exist"
         raise DataError(f"cannot prepare TFDS data set {name!r}: data.manual_dir ({where}) "
                         f"{state}; it must hold the data set's files: {instructions}")
-    if not instructions:
+    if not instructions and not mocked:
         unreachable = _unreachable_download_hosts(builder)
         if unreachable:
             raise DataError(
@@ -376,7 +587,8 @@ def load_source(spec, channels=1, data_dir=None, manual_dir=None):
     """The source named by ``spec`` (module docstring).  Returns (train, held_out or None).
 
     ``held_out`` is the labelled evaluation split where the source has one: the offline MNIST
-    held-out digits, a TFDS data set's ``test`` (else ``validation``) split.
+    held-out digits, a TFDS data set's ``test`` (else ``validation``) split, the ``val/`` (or
+    ``validation/``, ``test/``) folder of an image folder laid out as ImageNet's.
     """
     if spec in ("mnist", "mnist_validation"):
         split = load_offline_mnist() if spec == "mnist" else load_offline_mnist_validation()
@@ -384,12 +596,17 @@ def load_source(spec, channels=1, data_dir=None, manual_dir=None):
                 ArraySource(*split["test"], name=f"{spec} held-out"))
     kind, _, rest = spec.partition(":")
     if kind == "npz" and rest:
-        if not os.path.exists(rest):
-            raise DataError(f"data path not found: {rest}")
-        images, labels = load_numpy(rest)
-        return ArraySource(convert_array_channels(images, channels), labels, name=rest), None
+        return npz_source(rest, channels), None
     if kind == "folder" and rest:
-        return folder_source(rest), None
+        layout = split_folders(rest)
+        if layout is None:
+            return folder_source(rest), None
+        train = folder_source(layout[0])
+        held_out = (folder_source(layout[1], train.class_names)
+                    if layout[1] and train.has_labels else None)
+        return train, held_out
+    if kind == "tfrecord" and rest:
+        return tfrecord_source(rest), None
     if kind == "tfds" and rest:
         name, _, split = rest.partition(":")
         train = tfds_source(name, split or "train", data_dir, manual_dir)
@@ -404,16 +621,49 @@ def load_source(spec, channels=1, data_dir=None, manual_dir=None):
     raise DataError(f"unknown data source {spec!r}: expected {SOURCES}")
 
 
+HELD_OUT_SOURCES = "folder:PATH, npz:PATH, tfds:NAME:SPLIT or tfrecord:GLOB"
+
+
+def load_held_out(spec, train, channels=1, data_dir=None, manual_dir=None):
+    """The labelled held-out source ``data.held_out`` names, labelled as ``train`` is (a
+    folder's class sub-folders by the training classes' names)."""
+    kind, _, rest = spec.partition(":")
+    if kind == "folder" and rest:
+        return folder_source(rest, getattr(train, "class_names", None) or None)
+    if kind == "npz" and rest:
+        source = npz_source(rest, channels)
+    elif kind == "tfds" and rest and ":" in rest:
+        name, _, split = rest.partition(":")
+        source = tfds_source(name, split, data_dir, manual_dir)
+    elif kind == "tfrecord" and rest:
+        source = tfrecord_source(rest)
+    else:
+        raise DataError(f"data.held_out must be one of {HELD_OUT_SOURCES}, got {spec!r}")
+    if not source.has_labels:
+        raise DataError(f"data.held_out {spec} has no labels: held-out images are for "
+                        f"evaluation, which needs them")
+    return source
+
+
+def npz_source(path, channels=1):
+    if not os.path.exists(path):
+        raise DataError(f"data path not found: {path}")
+    images, labels = load_numpy(path)
+    return ArraySource(convert_array_channels(images, channels), labels, name=path)
+
+
 # ---------------------------------------------------------------------------- labels
 def _labelled(source):
-    """The source's labels as int64 class indices (None for TFDS: its records carry them).
+    """The source's labels as int64 class indices (None for record sources: their records
+    carry them).
 
     Labels only ever reach evaluation (the online probe), never the encoder.  A source
     without labels, or with labels that are not class indices, is a ``DataError``."""
     if not source.has_labels:
         raise DataError(f"{source.name} has no labels (labelled sources: mnist, an .npz with "
-                        f"'labels', a folder of class sub-folders, a TFDS classification set)")
-    if isinstance(source, TFDSSource):
+                        f"'labels', a folder of class sub-folders, a TFDS classification set, "
+                        f"TFRecords with image/class/label)")
+    if isinstance(source, (TFDSSource, RecordSource)):
         return None
     labels = np.asarray(source.labels)
     if labels.shape != (len(source),):
@@ -428,12 +678,92 @@ def _labelled(source):
 
 
 def num_classes(source, *others):
-    """The class count of a labelled source: TFDS metadata, its class folders, else the
-    largest label + 1 over it and any ``others`` (e.g. its held-out split)."""
+    """The class count of a labelled source: TFDS metadata, its class folders, the largest
+    label of TFRecords + 1, else the largest label + 1 over it and any ``others`` (e.g. its
+    held-out split)."""
     labels = _labelled(source)
     if isinstance(source, TFDSSource):
         return int(source.builder.info.features[source.label_key].num_classes)
+    if isinstance(source, RecordSource):
+        return max([source.classes] + [num_classes(o) for o in others])
     if getattr(source, "class_names", ()):
         return len(source.class_names)
-    labels = np.concatenate([labels.ravel()] + [_labelled(o).ravel() for o in others])
+    labels = np.concatenate([labels.ravel()] + [
+        _labelled(o).ravel() for o in others if not isinstance(o, (TFDSSource, RecordSource))])
     return int(labels.max()) + 1 if labels.size else 0
+
+
+# ---------------------------------------------------------------------------- subsets
+def balanced_subset(source, count, classes=None, seed=0):
+    """At most ``count`` labelled images of ``source``, class-balanced: the same quota
+    ⌈count / classes⌉ of every class (fewer where a class has fewer), taken in the source's
+    order.  The source itself when it holds no more than ``count`` images.
+
+    Sources with labels in memory (arrays, folders) return a source of the chosen images;
+    record sources return a ``Selection`` of record positions, found by one pass over their
+    labels (records are read, images not decoded) that stops once every quota is full.
+    """
+    if count <= 0 or len(source) <= count:
+        return source
+    classes = classes or num_classes(source)
+    quota = -(-count // max(classes, 1))
+    labels = _labelled(source)
+    if labels is not None:
+        filled = np.zeros(max(classes, int(labels.max()) + 1), np.int64)
+        return source.subset(_quota_positions(labels, quota, count, filled))
+    stream = source.ordered().map(lambda item, label: label).batch(4096)
+    chosen, filled = [], np.zeros(classes, np.int64)
+    position = 0
+    for batch in stream.as_numpy_iterator():
+        for offset in _quota_positions(batch, quota, count - len(chosen), filled):
+            chosen.append(position + offset)
+        position += len(batch)
+        if len(chosen) >= count or (filled >= quota).all():
+            break
+    return Selection(source, np.asarray(chosen, np.int64))
+
+
+def _quota_positions(labels, quota, limit, filled=None):
+    """Positions of ``labels`` kept while each class is under ``quota`` (``filled`` counts what
+    earlier calls kept, updated in place), at most ``limit``."""
+    filled = np.zeros(int(labels.max()) + 1, np.int64) if filled is None else filled
+    kept = []
+    for position, label in enumerate(labels):
+        if 0 <= label < len(filled) and filled[label] < quota:
+            filled[label] += 1
+            kept.append(position)
+            if len(kept) >= limit:
+                break
+    return np.asarray(kept, np.int64)
+
+
+class Selection(Source):
+    """Chosen records of a record source, by position in its order (``balanced_subset``)."""
+
+    def __init__(self, source, positions):
+        self.source, self.positions = source, np.sort(positions)
+        self.name, self.encoded = source.name, source.encoded
+        self.labels = None
+
+    def __len__(self):
+        return len(self.positions)
+
+    @property
+    def has_labels(self):
+        return self.source.has_labels
+
+    def ordered(self):
+        positions = tf.constant(self.positions)
+        last = int(self.positions[-1]) if len(self.positions) else -1
+
+        def chosen(position, element):
+            found = tf.searchsorted(positions, position[None])[0]
+            return tf.logical_and(found < tf.size(positions),
+                                  tf.gather(positions, tf.minimum(found, tf.size(positions) - 1))
+                                  == position)
+
+        return (self.source.ordered().take(last + 1).enumerate().filter(chosen)
+                .map(lambda position, element: element))
+
+    def load(self, item):
+        return self.source.load(item)

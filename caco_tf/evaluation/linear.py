@@ -259,7 +259,7 @@ def decoded_examples(source, channels):
     dataset = source.ordered()
     if getattr(source, "encoded", False):
         dataset = dataset.map(lambda item, label: (
-            decode_image(source.load(item), channels), label),
+            decode_image(source.load(item[0]), channels), label),
             num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
     return dataset
 

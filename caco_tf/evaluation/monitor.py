@@ -16,18 +16,22 @@ class KNNMonitor(keras.callbacks.Callback):
 
     Args:
       train_data, test_data: batched datasets of (normalized images, labels), no augmentation
-        (``caco_tf.data.eval_dataset(..., labels=...)``).
+        (``caco_tf.data.eval_dataset``), or ``knn.EvalSet``s that every replica and worker of
+        ``strategy`` share (each computes the features of its share; they are gathered).
       every: measure after every ``every``-th epoch.
       backbone: the model to evaluate (default: ``self.model.backbone``).
+      strategy: the run's ``tf.distribute`` strategy; under several workers every worker must
+        run the monitor (its gathers are collectives).
     """
 
     def __init__(self, train_data, test_data, every=1, k=200, temperature=0.07,
-                 name="knn_top1", backbone=None):
+                 name="knn_top1", backbone=None, strategy=None):
         super().__init__()
         self.train_data, self.test_data = train_data, test_data
         self.every, self.k, self.temperature = int(every), int(k), float(temperature)
         self.name = name
         self.backbone = backbone
+        self.strategy = strategy
         self._epochs = None
 
     def on_train_begin(self, logs=None):
@@ -42,7 +46,9 @@ class KNNMonitor(keras.callbacks.Callback):
     def measure(self):
         """The kNN top-1 (%) of the current backbone."""
         backbone = self.backbone or self.model.backbone
-        train_features, train_labels = knn.extract_features(backbone, self.train_data)
-        test_features, test_labels = knn.extract_features(backbone, self.test_data)
+        train_features, train_labels = knn.extract_features(backbone, self.train_data,
+                                                            strategy=self.strategy)
+        test_features, test_labels = knn.extract_features(backbone, self.test_data,
+                                                          strategy=self.strategy)
         return 100.0 * knn.knn_accuracy(train_features, train_labels, test_features,
                                         test_labels, self.k, self.temperature)

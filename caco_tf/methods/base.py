@@ -20,11 +20,14 @@ Before the method's own steps, methods with a bank run a MoCo-style warm-up pass
 embeddings, as the CaCo reference does; the key encoder is then re-synced to the query encoder.
 """
 
+import time
+
 import keras
 import tensorflow as tf
 
 from caco_tf import bank as bank_lib
-from caco_tf import losses
+from caco_tf import health, losses
+from caco_tf.errors import DataError
 from caco_tf.training import distribute
 
 
@@ -116,7 +119,11 @@ class MomentumEncoderMethod(keras.Model):
         self.bank_norm = keras.metrics.Mean(name="bank_norm")
         self.lr_tracker = keras.metrics.Mean(name="lr")
         self.bank_lr_tracker = keras.metrics.Mean(name="bank_lr")
+        # Health without labels (caco_tf.health): the two views' embeddings, batch by batch.
+        self.alignment_tracker = keras.metrics.Mean(name="alignment")
+        self.uniformity_tracker = keras.metrics.Mean(name="uniformity")
         self._bank_ready = self.warmup_steps == 0
+        self.input_wait = 0.0  # seconds the steps waited for their batches (a data stall)
 
         self.online_probe = None
         if online_probe_classes:
@@ -145,7 +152,7 @@ class MomentumEncoderMethod(keras.Model):
         bank_lr = [self.bank_lr_tracker] if self.learns_bank else []
         probe = [self.probe_top1] if self.online_probe is not None else []
         return ([self.loss_tracker] + self.method_metrics() + bank + [self.lr_tracker]
-                + bank_lr + probe)
+                + bank_lr + [self.alignment_tracker, self.uniformity_tracker] + probe)
 
     def compile(self, optimizer="sgd", **kwargs):
         super().compile(optimizer=optimizer, **kwargs)
@@ -169,7 +176,9 @@ class MomentumEncoderMethod(keras.Model):
         """The warm-up pass and the method's steps are two graphs; pick by the optimizer's step.
 
         Keras looks ``train_function`` up at every step, so the switch happens mid-``fit`` and
-        after a resume (the step counter is part of every checkpoint).
+        after a resume (the step counter is part of every checkpoint).  Each batch is taken
+        from the input pipeline here, outside the compiled step, so that the time the step
+        waits for it is measured (``input_wait``; ``callbacks.Throughput`` reports its share).
         """
         if self.train_function is not None and not force:
             return self.train_function
@@ -177,17 +186,37 @@ class MomentumEncoderMethod(keras.Model):
         method_function = self._make_function(self.train_step)
 
         def train_function(iterator):
+            logs = None
+            for _ in range(self.steps_per_execution):
+                start = time.perf_counter()
+                batch = next(iterator)
+                self.input_wait += time.perf_counter() - start
+                logs = self._step_function()([batch])
+            return logs
+
+        def step_function():
             if not self._bank_ready:
                 step = int(self.optimizer.iterations.numpy())
                 if step < self.warmup_steps:
-                    return warmup_function(iterator)
+                    return warmup_function
                 if step == self.warmup_steps and self.resync_after_warmup:
                     self.sync_key_encoder()
                 self._bank_ready = True
-            return method_function(iterator)
+            return method_function
 
+        self._step_function = step_function
         self.train_function = train_function
         return train_function
+
+    def fit(self, x=None, *args, **kwargs):
+        """``keras.Model.fit``, refusing batches that several replicas cannot share equally.
+
+        The steps gather keys and embeddings from every replica in equal shares, and weigh each
+        replica's gradient by 1 / replicas: under a strategy of R replicas every batch must
+        hold a multiple of R images (a dataset batched with ``drop_remainder=True``).
+        """
+        check_replica_shares(x, self.distribute_strategy.num_replicas_in_sync)
+        return super().fit(x, *args, **kwargs)
 
     def sync_key_encoder(self):
         """Copy the query encoder's parameters into the key encoder (after the warm-up)."""
@@ -221,6 +250,7 @@ class MomentumEncoderMethod(keras.Model):
         if self.uses_key_encoder:
             self._update_key_encoder(step)
         self._track_step(loss, learning_rate, bank_lr)
+        self._track_views(query1, query2)
         self._probe_step(data, view1)
         return self._logs()
 
@@ -234,6 +264,7 @@ class MomentumEncoderMethod(keras.Model):
         bank_lr = (self.bank_learning_rate(self.optimizer.iterations) if self.learns_bank
                    else tf.constant(0.0))
         self._track_step(loss, self._encoder_learning_rate(), bank_lr)
+        self._track_views(query1, query2)
         self._probe_step(data, view1, learn=False)
         return self._logs()
 
@@ -259,6 +290,7 @@ class MomentumEncoderMethod(keras.Model):
         distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
         self._update_key_encoder(step)
         self._track_warmup(loss, diagnostics, learning_rate)
+        self._track_views(query1, query2)
         self._probe_step(data, view1)
         return self._logs()
 
@@ -271,7 +303,11 @@ class MomentumEncoderMethod(keras.Model):
 
     # ------------------------------------------------------------------ pieces of a step
     def _logs(self):
-        return distribute.reducible({m.name: m.result() for m in self.metrics})
+        logs = {}
+        for metric in self.metrics:
+            result = metric.result()
+            logs.update(result if isinstance(result, dict) else {metric.name: result})
+        return distribute.reducible(logs)
 
     def _keys(self, view1, view2, training):
         return (self.key_encoder(view1, training=training),
@@ -336,6 +372,14 @@ class MomentumEncoderMethod(keras.Model):
         self.bank_lr_tracker.update_state(bank_lr)
         self.bank_norm.update_state(tf.reduce_mean(tf.norm(self.bank, axis=-1)))
 
+    def _track_views(self, query1, query2):
+        """Alignment of the two views' query embeddings, and their uniformity (each view's
+        batch, averaged): ``caco_tf.health``."""
+        query1, query2 = tf.stop_gradient(query1), tf.stop_gradient(query2)
+        self.alignment_tracker.update_state(health.alignment(query1, query2))
+        self.uniformity_tracker.update_state(
+            0.5 * (health.uniformity(query1) + health.uniformity(query2)))
+
     def _encoder_learning_rate(self):
         return tf.cast(self.optimizer.learning_rate, tf.float32)
 
@@ -370,6 +414,24 @@ class MomentumEncoderMethod(keras.Model):
         bank_unit = losses.l2_normalize(bank)
         return (tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit, self.temperature))
                 + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit, self.temperature)))
+
+
+def check_replica_shares(data, replicas):
+    """A one-line ``DataError`` when ``data`` (what ``fit`` is given) has batches that
+    ``replicas`` replicas cannot share equally, or whose size is unknown."""
+    if replicas <= 1 or not isinstance(data, tf.data.Dataset):
+        return
+    spec = data.element_spec
+    while isinstance(spec, (tuple, list, dict)):  # the first view's batch dimension
+        spec = list(spec.values())[0] if isinstance(spec, dict) else spec[0]
+    batch = spec.shape[0] if spec.shape.rank else None
+    if batch is None:
+        raise DataError(f"under {replicas} replicas every batch must split evenly, and this "
+                        f"dataset's batches are of unknown size: batch it with "
+                        f"drop_remainder=True and a multiple of {replicas} images")
+    if batch % replicas:
+        raise DataError(f"under {replicas} replicas every batch must split evenly: batches "
+                        f"of {batch} images do not; use a multiple of {replicas}")
 
 
 def replica_offset(local_count):

@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import bank as bank_lib
-from caco_tf import losses
+from caco_tf import health, losses
 from caco_tf.methods.base import MomentumEncoderMethod, _crops, _views
 from caco_tf.training import distribute
 
@@ -44,9 +44,11 @@ class CaCo(MomentumEncoderMethod):
         self.contrast_top1 = keras.metrics.Mean(name="contrast_top1")
         self.positive_probability = keras.metrics.Mean(name="mpp_prob")
         self.distinct_positives = keras.metrics.Mean(name="distinct_mpp")
+        self.positive_histogram = PositiveHistogram(self.bank.shape[0], name="mpp_histogram")
 
     def method_metrics(self):
-        return [self.contrast_top1, self.positive_probability, self.distinct_positives]
+        return [self.contrast_top1, self.positive_probability, self.distinct_positives,
+                self.positive_histogram]
 
     # ------------------------------------------------------------------ the algorithm
     def train_step(self, data):
@@ -75,6 +77,7 @@ class CaCo(MomentumEncoderMethod):
         self._update_key_encoder(step)
 
         self._track(loss, statistics, learning_rate, bank_lr)
+        self._track_views(*tf.split(queries, 2))
         self._probe_step(data, view1)
         return self._logs()
 
@@ -128,6 +131,7 @@ class CaCo(MomentumEncoderMethod):
         self._update_key_encoder(step)
 
         self._track(loss, statistics, learning_rate, bank_lr)
+        self._track_views(query1, query2)
         self._probe_step(data, global1)
         return self._logs()
 
@@ -142,6 +146,7 @@ class CaCo(MomentumEncoderMethod):
         loss, _ = self._caco_loss(queries, bank, statistics)
         self._track(loss, statistics, self._encoder_learning_rate(),
                     self.bank_learning_rate(self.optimizer.iterations))
+        self._track_views(*tf.split(queries, 2))
         self._probe_step(data, view1, learn=False)
         return self._logs()
 
@@ -208,6 +213,32 @@ class CaCo(MomentumEncoderMethod):
         used = tf.math.unsorted_segment_max(
             tf.ones_like(positive_index), positive_index, tf.shape(self.bank)[0])
         self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
+        self.positive_histogram.update_state(positive_index)
         self.bank_norm.update_state(statistics.mean_norm)
         self.lr_tracker.update_state(learning_rate)
         self.bank_lr_tracker.update_state(bank_lr)
+
+
+class PositiveHistogram(keras.metrics.Metric):
+    """How often each bank row is a Most Probable Positive since the last reset (an epoch):
+    ``mpp_usage``, the rows used / K, and ``mpp_entropy``, the entropy (nats) of the counts
+    (``caco_tf.health``).  A bank that collapses onto one or two rows shows here first."""
+
+    def __init__(self, bank_size, name="mpp_histogram", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.bank_size = int(bank_size)
+        self.counts = self.add_variable(shape=(self.bank_size,), initializer="zeros",
+                                        name="counts", aggregation="sum")
+
+    def update_state(self, positive_index):
+        positive_index = tf.reshape(tf.cast(positive_index, tf.int32), [-1])
+        self.counts.assign_add(tf.math.unsorted_segment_sum(
+            tf.ones_like(positive_index, tf.float32), positive_index, self.bank_size))
+
+    def result(self):
+        return {"mpp_usage": health.histogram_usage(self.counts),
+                "mpp_entropy": health.histogram_entropy(self.counts)}
+
+    def reset_state(self):
+        self.counts.assign(tf.zeros_like(self.counts))
+

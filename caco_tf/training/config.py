@@ -25,6 +25,9 @@ DEFAULTS = {
         "source": "mnist",
         "data_dir": "",            # TFDS data_dir ("": TFDS's default, ~/tensorflow_datasets)
         "manual_dir": "",          # TFDS manual_dir (imagenet2012's tar files)
+        # Labelled held-out images for every kNN and evaluation ("": the source's own held-out
+        # split): folder:PATH | npz:PATH | tfds:NAME:SPLIT | tfrecord:GLOB
+        "held_out": "",
         "image_size": 28,          # the views' (global crops') size
         "channels": 1,             # 1 | 3; images are converted to it when decoded
         # digits | asymmetric (the paper's two views; alias: cifar, imagenet) | multicrop
@@ -57,6 +60,7 @@ DEFAULTS = {
         "bank_momentum": 0.9,
         "key_momentum": 0.99,      # rises to 1.0 on a cosine over training
         "warmup_epochs": 1,        # MoCo-style pass that fills the bank with real keys
+        "warmup_min_steps": 0,     # ...lasting at least this many steps (the EMA must follow)
         "warmup_temperature": 0.2,
         "resync_after_warmup": True,  # key encoder ← query encoder when the warm-up ends
         # caco | none | positive | negative (the paper's ablation rows) | moco_v2 | simclr
@@ -77,6 +81,10 @@ DEFAULTS = {
         # un-augmented training images, an even sample (0: off, the paper's protocol;
         # callbacks.PreciseBatchNorm).  Training itself is unchanged.
         "precise_bn_images": 0,
+        # A resume whose settings change the schedules (epochs, batch size, learning rates,
+        # warm-up): refuse (the default) | rescale (re-plan the rest over the new length).
+        "on_schedule_change": "refuse",
+        "stop_on_collapse": False,  # stop (keeping the last good checkpoint) on a collapse
     },
     "distribute": {
         "strategy": "auto",        # auto | default | mirrored | multiworker (caco_tf.distribute)
@@ -90,6 +98,13 @@ DEFAULTS = {
         "knn_monitor_every": 5,
         "knn_monitor_k": 200,
         "knn_monitor_temperature": 0.07,
+        # Every kNN (monitor, end of run) reads class-balanced samples of at most this many
+        # training and held-out images.
+        "knn_train_images": 50000,
+        "knn_test_images": 10000,
+        # Effective rank (RankMe) of the embeddings and features, each epoch, on this many
+        # un-augmented training images (0: off).
+        "health_images": 1024,
         # A Dense head on stop-gradient backbone features, trained beside the encoder on
         # labelled batches (probe_top1; CaCo(online_probe_classes)); it never changes the
         # encoder.  Needs a labelled training source (its labels reach the probe only).

@@ -109,6 +109,15 @@ def is_multi_worker(strategy=None):
         strategy.extended._in_multi_worker_mode())  # noqa: SLF001 (no public accessor)
 
 
+def num_workers(strategy=None):
+    """The processes of the run (one input pipeline each): the cluster's chief and workers."""
+    strategy = strategy or tf.distribute.get_strategy()
+    if not is_multi_worker(strategy):
+        return 1
+    cluster = strategy.cluster_resolver.cluster_spec().as_dict()
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+
+
 def is_chief(strategy=None):
     """Whether this process writes the run folder (logs, checkpoints, SavedModel).
 
