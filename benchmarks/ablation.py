@@ -76,6 +76,9 @@ def parse_args(argv=None):
     parser.add_argument("--linear-epochs", type=int, default=100,
                         help="linear classifier epochs (default 100, evaluate's default)")
     parser.add_argument("--no-linear", action="store_true", help="kNN only")
+    parser.add_argument("--own-warmup", action="store_true",
+                        help="warm-up only for the settings with a bank (the earlier "
+                             "protocol); default: the same warm-up pass for every setting")
     parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "ablation"),
                         help="run folders and the cache (default: runs/ablation)")
     parser.add_argument("--output", default=os.path.join(REPO, "RESULTS.md"),
@@ -111,6 +114,11 @@ def budget(args):
                                # The kNN monitor logs held-out accuracy during training: off,
                                # it costs time and nothing here reads it.
                                "evaluation.knn_monitor_every=0"]
+    if not args.own_warmup:
+        # Budgets counted fairly: every setting runs the same MoCo-style warm-up pass first
+        # (None and SimCLR too), then its own loss, so all make the same encoder updates from
+        # the same starting point, and the comparison is of the losses alone.
+        shared.append("caco.warmup_every_method=true")
     warmup = config["caco"]["warmup_epochs"]
     if warmup >= epochs:  # only for tiny validation budgets: keep one epoch after the warm-up
         shared.append(f"caco.warmup_epochs={epochs - 1}")
@@ -135,7 +143,7 @@ def linear_command(args, run_dir):
 
 
 def linear_available():
-    return os.path.exists(os.path.join(REPO, "caco_tf", "linear.py"))
+    return os.path.exists(os.path.join(REPO, "caco_tf", "evaluation", "linear.py"))
 
 
 # ---------------------------------------------------------------------- running
@@ -312,8 +320,12 @@ def write_report(args, cache, resolved, tag, path):
         f"{resolved['model']['backbone']}, views {resolved['data']['views']}, encoder lr "
         f"{train['learning_rate']}, τ {caco['temperature']}, bank/queue {caco['bank_size']} "
         f"rows, bank lr {caco['bank_lr']} (Negative and CaCo only), warm-up epochs "
-        f"{caco['warmup_epochs']} (the MoCo-style bank fill; settings without a bank, "
-        f"None and SimCLR, train with their own loss from the first step)"
+        f"{caco['warmup_epochs']} (the MoCo-style pass that fills the bank; "
+        + ("the same pass for every setting, None and SimCLR too, so that all make the same "
+           "encoder updates from the same starting point and differ only in their own loss "
+           "over the remaining epochs" if caco["warmup_every_method"] else
+           "settings without a bank, None and SimCLR, train with their own loss from the "
+           "first step") + ")"
         + (f", overrides {', '.join(args.set)}" if args.set else "") + ". "
         f"Seeds 0–{seeds - 1} (train.seed = data.seed). Held-out 1,000 digits against the "
         f"4,000 training digits: weighted kNN top-1 (k={resolved['evaluation']['knn_k']}, "

@@ -93,7 +93,7 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
         warmup_temperature=caco["warmup_temperature"],
         resync_after_warmup=caco["resync_after_warmup"],
         online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
-        multi_crop=multi_crop)
+        multi_crop=multi_crop, warmup_every_method=caco["warmup_every_method"])
     model.compile(
         optimizer=optimizers.build_encoder_optimizer(
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,

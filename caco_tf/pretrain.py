@@ -108,7 +108,7 @@ def run(config, run_dir, verbose=1):
     model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
               shuffle=False,  # the dataset shuffles itself, once per epoch
               verbose=verbose if chief else 0,
-              callbacks=[callbacks.Throughput(batch), guard]
+              callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
               + _callbacks(run_dir, chief, monitor, precise_bn(config, views, train), changes,
                            write_config if chief and changes else None, steps_per_epoch)
               + [skipped.callback()])

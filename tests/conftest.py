@@ -1,7 +1,16 @@
-"""Test session set-up: two logical CPU devices (for MirroredStrategy tests), quiet TF logs."""
+"""Test session set-up: CPU only, two logical CPU devices (for MirroredStrategy tests), quiet
+TensorFlow logs.
+
+The suite is CPU-only by design, on every host: its figures are compared bit for bit or to
+1e-5, which holds on one CPU and not across devices, and its multi-device tests use logical CPU
+devices and local worker processes.  So a host's GPUs are hidden before TensorFlow starts
+(``CUDA_VISIBLE_DEVICES``, inherited by the processes the tests start), and the suite runs the
+same there as on the CPU-only CI machine.
+"""
 
 import os
 
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402

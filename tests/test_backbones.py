@@ -245,9 +245,24 @@ def test_unknown_backbone_lists_known_names():
         build_backbone("resnet1000")
     msg = str(err.value)
     assert "resnet1000" in msg
-    for name in ("resnet50", "cifar_resnet18", "small_convnet"):
+    for name in ("resnet50", "resnet18", "cifar_resnet18", "small_convnet"):
         assert name in msg
-    assert set(BACKBONE_NAMES) == {"resnet50", "cifar_resnet18", "small_convnet"}
+    assert set(BACKBONE_NAMES) == {"resnet50", "resnet18", "cifar_resnet18", "small_convnet"}
+
+
+@pytest.mark.parametrize("name, channels", [("small_convnet", 1), ("cifar_resnet18", 3),
+                                            ("resnet18", 3), ("resnet50", 3)])
+def test_feature_map_sizes_are_the_built_backbones(name, channels):
+    """nets.sizes, which checks a configuration before anything is built, agrees with the
+    layers the backbones are built from."""
+    from caco_tf.nets import sizes
+    from caco_tf.training.config import BACKBONES
+
+    assert set(BACKBONES) == set(sizes.DOWNSAMPLING) == set(BACKBONE_NAMES)
+    for size in (9, 28, 33, 64):
+        model = build_backbone(name, (size, size, channels))
+        pooled = model.get_layer("avgpool").input.shape
+        assert pooled[1] == sizes.feature_map_size(name, size), size
 
 
 @pytest.mark.parametrize("name", ["small_convnet", "cifar_resnet18"])

@@ -19,8 +19,8 @@ def test_defaults_and_overrides(tmp_path):
     ("train.epochs=ten", "train.epochs must be of type int"),
     ("train.epochs=2.5", "train.epochs must be of type int"),
     ("model.sync_batchnorm=1", "model.sync_batchnorm must be true or false"),
-    ("caco.temperature=0", "caco.temperature must be positive"),
-    ("train.optimizer=adam", "train.optimizer must be auto, sgd or lars"),
+    ("caco.temperature=0", "caco.temperature must be a number > 0, got 0.0"),
+    ("train.optimizer=adam", "train.optimizer must be one of auto, sgd, lars, got 'adam'"),
     ("caco=3", "caco must be a mapping"),
     ("epochs", "--set expects key=value"),
 ])
@@ -33,8 +33,11 @@ def test_bad_values_are_one_line_errors(assignment, message):
 
 def test_every_shipped_config_loads():
     import glob
-    paths = sorted(glob.glob("configs/*.yaml"))
-    assert len(paths) >= 5
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # any working directory
+    paths = sorted(glob.glob(os.path.join(root, "configs", "*.yaml")))
+    assert len(paths) >= 6
     for path in paths:
         load_config(path)
 
@@ -46,3 +49,12 @@ def test_changed_settings_names_each_differing_key_with_both_values():
                                           "train.epochs: 2 -> 3"]
     assert changed_settings(old, old) == []
     assert changed_settings({"a": {"b": 1}}, {"a": {}}) == ["a.b: 1 -> None"]
+
+
+def test_every_key_has_a_rule_and_a_line_of_help():
+    from caco_tf.training.config import DEFAULTS_FLAT, HELP, RULES
+
+    keys = {".".join(key) for key in DEFAULTS_FLAT}
+    assert set(RULES) == keys and set(HELP) == keys
+    for key, rule in RULES.items():  # the default passes its own rule
+        assert rule.check(DEFAULTS_FLAT[tuple(key.split("."))]), key

@@ -127,7 +127,7 @@ def test_data_without_held_out_split_is_an_error(capsys, tmp_path):
     np.savez(path, images=np.zeros((8, 28, 28), np.uint8), labels=np.arange(8))
     status, _, err = cli(capsys, "knn", "--pixels", "--data", f"npz:{path}")
     assert status == 2
-    assert "has no labelled training and held-out splits" in err
+    assert "has no labelled held-out split; pass --held-out SOURCE" in err
 
 
 def test_the_commands_choices_are_the_linear_protocols():

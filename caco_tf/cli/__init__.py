@@ -16,6 +16,7 @@ Every command calls ``start`` before anything imports TensorFlow, so it starts q
 turns a ``caco_tf.errors.UserError`` into one ``error: ...`` line and exit status 2.
 """
 
+import argparse
 import atexit
 import os
 import re
@@ -130,6 +131,14 @@ def guard(work, cleanup=None):
 def one_line(error):
     """An error's message on one line (a wrapped library message keeps its words)."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse``'s parser whose usage errors are one ``error: ...`` line and exit status 2,
+    as every other user error (argparse prints the whole usage first)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def verbose_argument(parser, help_text="show TensorFlow's start-up lines"):

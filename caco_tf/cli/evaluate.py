@@ -6,13 +6,13 @@
                          [--augment none|imagenet|digits] ...
     caco-evaluate linear --pixels [--data mnist]      # raw-pixel baseline
 
-SOURCE: nothing (the run's own training images against its held-out split) or any labelled
-source with a held-out split (``caco_tf.evaluation.protocols``).  Prints a table and writes the
+SOURCE: nothing (the run's own training images against its held-out split) or the user's own
+labelled images (transfer), with ``--held-out SOURCE`` where ``--data`` has no held-out split of
+its own (``caco_tf.evaluation.protocols``).  Prints a table and writes the
 numbers as JSON into the run folder (``eval_<protocol>[_pixels][_<data>].json``) or to
 ``--json``.  The last line is ``kNN top-1: NN.N%`` or ``linear top-1: NN.N%``.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -27,14 +27,18 @@ L2_FOLDS = 5
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="caco-evaluate",
         description="Evaluate a run's frozen backbone (weighted kNN or linear protocol).")
     parser.add_argument("protocol", choices=("knn", "linear"))
     parser.add_argument("--run", help="run folder written by caco-train / train.py")
-    parser.add_argument("--data", help="a labelled source with a held-out split: mnist, "
-                                       "mnist_validation, tfds:NAME[:SPLIT] (default: the run's "
-                                       "own data)")
+    parser.add_argument("--data", help="labelled training images for the protocol: mnist, "
+                                       "mnist_validation, tfds:NAME[:SPLIT], folder:PATH, "
+                                       "npz:PATH, tfrecord:GLOB (default: the run's own data)")
+    parser.add_argument("--held-out", help="labelled held-out images (default: --data's own "
+                                           "held-out split: MNIST's, a TFDS test split, a "
+                                           "folder's val/): folder:PATH, npz:PATH, "
+                                           "tfds:NAME:SPLIT, tfrecord:GLOB")
     parser.add_argument("--json", help="output JSON (default: RUN/eval_<protocol>[...].json)")
     parser.add_argument("--pixels", action="store_true",
                         help="raw pixels instead of the backbone (baseline; --run optional)")

@@ -7,7 +7,6 @@ Rebuilds the model from the run's resolved ``config.yaml``, loads its last check
 the end of every run.  Signatures and preprocessing: ``caco_tf/serving/export.py``.
 """
 
-import argparse
 import os
 import sys
 
@@ -15,7 +14,7 @@ from caco_tf import cli
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="caco-export",
+    parser = cli.ArgumentParser(prog="caco-export",
                                      description="Export a run's backbone as a SavedModel.")
     parser.add_argument("--run", required=True, help="run folder written by caco-train")
     parser.add_argument("--out", help="output folder (default: RUN/saved_model)")

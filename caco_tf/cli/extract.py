@@ -11,7 +11,6 @@ versions (the newest is used).  Image files that cannot be decoded are skipped w
 No keras and no training code are loaded: ``caco_tf/serving/extraction.py``.
 """
 
-import argparse
 import os
 import sys
 
@@ -19,7 +18,7 @@ from caco_tf import cli
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="caco-extract",
+    parser = cli.ArgumentParser(prog="caco-extract",
                                      description="Extract features with an exported SavedModel.")
     parser.add_argument("--model", required=True, help="SavedModel folder (or its base path)")
     source = parser.add_mutually_exclusive_group(required=True)

@@ -6,7 +6,6 @@
 Writes prob_acc.png, t_sne.png and query_ex.png (``caco_tf.evaluation.figures``).
 """
 
-import argparse
 import os
 import sys
 
@@ -14,7 +13,7 @@ from caco_tf import cli
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="caco-figures",
+    parser = cli.ArgumentParser(prog="caco-figures",
                                      description="The paper's analysis figures for a run.")
     parser.add_argument("--run", required=True, help="run folder written by caco-train")
     parser.add_argument("--out", help="output folder (default: RUN/figures)")

@@ -14,7 +14,6 @@ steps per epoch are known: ``--steps-per-epoch`` or an ImageNet source) and, wit
 (``pip install "caco-tf[torch]"``).  Mapping and checks: ``caco_tf/serving/torch_import.py``.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ DEFAULT_CONFIG = os.path.join(ROOT, "configs", "imagenet_resnet50_b1024.yaml")
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="caco-import-torch",
+    parser = cli.ArgumentParser(prog="caco-import-torch",
                                      description="Import a PyTorch CaCo checkpoint.")
     parser.add_argument("checkpoint", help="the authors' checkpoint (.pth.tar)")
     parser.add_argument("--out", required=True, help="run folder to write (must hold no run)")

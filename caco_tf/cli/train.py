@@ -6,7 +6,6 @@
 Re-running the same command resumes the run from its last finished epoch.
 """
 
-import argparse
 import os
 import shutil
 import sys
@@ -18,7 +17,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="caco-train", description="Pre-train a CaCo encoder.")
+    parser = cli.ArgumentParser(prog="caco-train", description="Pre-train a CaCo encoder.")
     parser.add_argument("--config", default=DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG)
                         else None,
                         help="YAML run config (default: configs/mnist.yaml, the offline run)")

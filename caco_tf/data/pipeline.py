@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from caco_tf.data import augment
 from caco_tf.data.images import decode_image, resize_and_center_crop, to_unit_float
-from caco_tf.data.sources import ArraySource, DataError, Source, _labelled
+from caco_tf.data.sources import ArraySource, DataError, Source, _labelled, count_gaps
 
 log = logging.getLogger(__name__)
 
@@ -128,23 +128,6 @@ def _decoder(source, channels, skipped):
         return image, ok
 
     return decode
-
-
-def _count_gaps(dataset, skipped):
-    """(number, payload) elements → payload, counting the numbers that ``ignore_errors`` dropped."""
-
-    def step(last, element):
-        number, payload = element
-        gap = number - last - 1
-        if skipped is not None:
-            counted = tf.cond(gap > 0,
-                              lambda: tf.py_function(skipped.record_unnamed, [gap], tf.int64),
-                              lambda: tf.constant(0, tf.int64))
-            with tf.control_dependencies([counted]):
-                number = tf.identity(number)
-        return number, payload
-
-    return dataset.scan(tf.constant(-1, tf.int64), step)
 
 
 # ---------------------------------------------------------------------------- pipelines
@@ -255,8 +238,8 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
 
         # Beyond its first permutation the epoch's stream goes on with further ones: images
         # that stand in for bad files, never more than the epoch needs.
-        items = shuffled(source.items(shards, labels=with_labels, seed=order).repeat(), buffer,
-                         order)
+        items = shuffled(source.items(shards, labels=with_labels, seed=order,
+                                      skipped=skipped).repeat(), buffer, order)
         if not per_image and not source.encoded:
             # Batch views of arrays: the path the offline default takes.
             dataset = items.batch(batch, drop_remainder=True).take(steps).enumerate()
@@ -279,7 +262,7 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
 
             dataset = items.enumerate().map(prepare_encoded,
                                             num_parallel_calls=tf.data.AUTOTUNE)
-            dataset = _count_gaps(dataset.ignore_errors(), skipped)
+            dataset = count_gaps(dataset.ignore_errors(), skipped)
             dataset = dataset.filter(_second).map(_first)
         else:
             dataset = items.enumerate().map(carrying(prepare),
@@ -343,7 +326,7 @@ def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, ch
         count = len(range(first, len(source), step))
         end = tf.data.Dataset.from_tensors((tf.constant(count, tf.int64), (
             tf.zeros([size, size, channels]), tf.constant(-1, tf.int64), tf.constant(False))))
-        dataset = _count_gaps(dataset.ignore_errors().concatenate(end), skipped)
+        dataset = count_gaps(dataset.ignore_errors().concatenate(end), skipped)
     else:
         dataset = dataset.map(lambda index, rest: rest)
     dataset = dataset.filter(lambda image, label, ok: ok).batch(batch_size)

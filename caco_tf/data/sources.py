@@ -145,7 +145,7 @@ class ArraySource(Source):
     def __len__(self):
         return len(self.images)
 
-    def items(self, shards=(1, 0), labels=False, seed=None):
+    def items(self, shards=(1, 0), labels=False, seed=None, skipped=None):
         return _shard(tf.data.Dataset.from_tensor_slices(
             (self.images, _labelled(self)) if labels else self.images), shards)
 
@@ -169,7 +169,7 @@ class FileSource(Source):
     def __len__(self):
         return len(self.paths)
 
-    def items(self, shards=(1, 0), labels=False, seed=None):
+    def items(self, shards=(1, 0), labels=False, seed=None, skipped=None):
         """(path, path) elements (the file is read later, in the parallel map)."""
         if labels:
             dataset = tf.data.Dataset.from_tensor_slices((self.paths, _labelled(self)))
@@ -235,8 +235,9 @@ class RecordSource(Source):
             cycle_length=min(RECORD_CYCLE, len(files)), block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
-    def items(self, shards=(1, 0), labels=False, seed=None):
-        """((encoded image, file name)[, label]) of this shard's even share of the records."""
+    def items(self, shards=(1, 0), labels=False, seed=None, skipped=None):
+        """((encoded image, file name)[, label]) of this shard's even share of the records;
+        records that do not parse are dropped and counted in ``skipped``."""
         if labels:
             _labelled(self)
         instructions = (even_share(self.instructions, *shards) if shards[0] > 1
@@ -246,14 +247,14 @@ class RecordSource(Source):
             image, label = self.parse(record)
             return ((image, path), label) if labels else (image, path)
 
-        return self._records(instructions, seed).map(element,
-                                                     num_parallel_calls=tf.data.AUTOTUNE)
+        return _without_bad_records(self._records(instructions, seed).map(
+            element, num_parallel_calls=tf.data.AUTOTUNE), skipped)
 
     def ordered(self):
         def pair(record, path):
             image, label = self.parse(record)
             return (image, path), label
-        return self._records(self.instructions).map(pair)
+        return _without_bad_records(self._records(self.instructions).map(pair), None)
 
 
 class TFDSSource(Source):
@@ -281,7 +282,7 @@ class TFDSSource(Source):
         return self.builder.as_dataset(split=split, shuffle_files=False,
                                        decoders={self.image_key: tfds.decode.SkipDecoding()})
 
-    def items(self, shards=(1, 0), labels=False, seed=None):
+    def items(self, shards=(1, 0), labels=False, seed=None, skipped=None):
         import tensorflow_datasets as tfds
 
         if labels:
@@ -294,7 +295,7 @@ class TFDSSource(Source):
             pair = (example[self.image_key], name)
             return (pair, tf.cast(example[self.label_key], tf.int64)) if labels else pair
 
-        return self._read(split).map(element)
+        return _without_bad_records(self._read(split).map(element), skipped)
 
     def ordered(self):
         name = tf.constant(f"{self.name} record")
@@ -304,6 +305,29 @@ class TFDSSource(Source):
                      else tf.constant(-1, tf.int64))
             return (example[self.image_key], name), label
         return self._read(self.split).map(pair)
+
+
+def count_gaps(dataset, skipped):
+    """(number, payload) elements → payload, counting the numbers that ``ignore_errors`` dropped."""
+
+    def step(last, element):
+        number, payload = element
+        gap = number - last - 1
+        if skipped is not None:
+            counted = tf.cond(gap > 0,
+                              lambda: tf.py_function(skipped.record_unnamed, [gap], tf.int64),
+                              lambda: tf.constant(0, tf.int64))
+            with tf.control_dependencies([counted]):
+                number = tf.identity(number)
+        return number, payload
+
+    return dataset.scan(tf.constant(-1, tf.int64), step)
+
+
+def _without_bad_records(elements, skipped):
+    """``elements`` without those whose record fails to parse (dropped by ``ignore_errors``),
+    counted in ``skipped`` as bad files are: a bad record never stops a pass."""
+    return count_gaps(elements.enumerate().ignore_errors(), skipped)
 
 
 def _pair(seed):
@@ -638,7 +662,7 @@ def load_held_out(spec, train, channels=1, data_dir=None, manual_dir=None):
     elif kind == "tfrecord" and rest:
         source = tfrecord_source(rest)
     else:
-        raise DataError(f"data.held_out must be one of {HELD_OUT_SOURCES}, got {spec!r}")
+        raise DataError(f"held-out images must be one of {HELD_OUT_SOURCES}, got {spec!r}")
     if not source.has_labels:
         raise DataError(f"data.held_out {spec} has no labels: held-out images are for "
                         f"evaluation, which needs them")

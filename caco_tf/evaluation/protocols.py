@@ -15,17 +15,20 @@ import os
 import re
 
 from caco_tf import data
+from caco_tf.data.sources import HELD_OUT_SOURCES
 from caco_tf.build import build_views, load_data, load_run
 from caco_tf.evaluation import knn as knn_lib
 from caco_tf.evaluation import linear
-from caco_tf.training.config import DEFAULTS, ConfigError
+from caco_tf.training.config import DEFAULTS, RULES, ConfigError
 
 # train, test: labelled caco_tf.data sources.
 LabelledData = collections.namedtuple("LabelledData", "name train test num_classes")
 
 
-def load_labelled_data(spec, config):
-    """A :class:`LabelledData` for the source ``spec`` (None: the run's own data).
+def load_labelled_data(spec, config, held_out_spec=None):
+    """A :class:`LabelledData` for the source ``spec`` (None: the run's own data, with its
+    ``data.held_out``) and the held-out source ``held_out_spec`` (None: ``spec``'s own held-out
+    split: MNIST's, a TFDS set's test split, a folder's ``val/``).
 
     The training split's labels and a labelled held-out split are required.
     """
@@ -37,9 +40,17 @@ def load_labelled_data(spec, config):
         train, held_out = data.load_source(spec, channels=settings["channels"],
                                            data_dir=settings["data_dir"],
                                            manual_dir=settings["manual_dir"])
-    if held_out is None or not train.has_labels or not held_out.has_labels:
-        raise data.DataError(f"{spec} has no labelled training and held-out splits; pass "
-                             f"--data mnist or --data tfds:NAME")
+    if held_out_spec:
+        held_out = data.load_held_out(held_out_spec, train, channels=settings["channels"],
+                                      data_dir=settings["data_dir"],
+                                      manual_dir=settings["manual_dir"])
+    if not train.has_labels:
+        raise data.DataError(f"{spec} has no labels: evaluation needs labelled training "
+                             f"images (class sub-folders, an .npz with 'labels', ...)")
+    if held_out is None:
+        raise data.DataError(f"{spec} has no labelled held-out split; pass --held-out SOURCE "
+                             f"({HELD_OUT_SOURCES}) or a source that has one "
+                             f"(mnist, tfds:NAME, a folder with train/ and val/)")
     train, held_out = (_with_channels(source, settings["channels"])
                        for source in (train, held_out))
     return LabelledData(spec, train, held_out, data.num_classes(train, held_out))
@@ -129,9 +140,13 @@ def evaluate(args):
     if args.l2_folds < 2:
         raise ConfigError(f"--l2-folds must be at least 2, got {args.l2_folds}")
     l2 = l2_setting(args.l2, args.augment)
+    held_out = getattr(args, "held_out", None)
+    if held_out and not RULES["data.held_out"].check(held_out):
+        raise ConfigError(f"--held-out must be {RULES['data.held_out'].allowed}, got "
+                          f"{held_out!r}")
     run = load_run(args.run) if args.run else None
     config = run.config if run else DEFAULTS
-    labelled = load_labelled_data(args.data, config)
+    labelled = load_labelled_data(args.data, config, getattr(args, "held_out", None))
     preprocessing = preprocessing_for(config, pixels=args.pixels)
     backbone = linear.pixels_backbone(preprocessing) if args.pixels else run.model.backbone
     if args.protocol == "knn":

@@ -62,6 +62,8 @@ class MomentumEncoderMethod(keras.Model):
       warmup_steps: steps of the MoCo-style warm-up pass that fills the bank (0: none, the
         bank keeps its random initialization; always 0 for methods without a bank).
       warmup_temperature: τ of the warm-up loss.
+      warmup_every_method: methods without a bank (none, SimCLR) run the same warm-up pass too,
+        so that every method starts its own loss from the same state (the fair ablation).
       resync_after_warmup: copy the query encoder into the key encoder when the warm-up ends,
         as the CaCo reference does.
       online_probe_classes: if set, an online linear probe (evaluation only): a Dense head with
@@ -80,7 +82,7 @@ class MomentumEncoderMethod(keras.Model):
                  bank_temperature=0.08, bank_learning_rate=3.0, bank_momentum=0.9,
                  key_momentum=0.99, warmup_steps=0, warmup_temperature=0.2,
                  resync_after_warmup=True, online_probe_classes=None, multi_crop=False,
-                 name=None, **kwargs):
+                 warmup_every_method=False, name=None, **kwargs):
         if multi_crop and not self.supports_multi_crop:
             raise ValueError(f"caco.method {self.method!r} takes two views, not multi-crop")
         super().__init__(name=name or self.method, **kwargs)
@@ -98,7 +100,8 @@ class MomentumEncoderMethod(keras.Model):
         self.bank_learning_rate = _as_schedule(bank_learning_rate)
         self.bank_momentum = bank_momentum
         self.key_momentum = _as_schedule(key_momentum)
-        self.warmup_steps = int(warmup_steps) if self.uses_bank else 0
+        self.warmup_steps = int(warmup_steps) if self.uses_bank or warmup_every_method else 0
+        self.warmup_every_method = bool(warmup_every_method)
         self.warmup_temperature = warmup_temperature
         self.resync_after_warmup = resync_after_warmup
         self.multi_crop = bool(multi_crop)

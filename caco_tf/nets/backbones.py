@@ -198,6 +198,17 @@ def _build_resnet50(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
     return keras.Model(inputs, _pool(x, pool_grid), name="resnet50")
 
 
+def _build_resnet18(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
+    """torchvision ResNet-18 without ``fc`` (ImageNet stem: 7x7/2 conv, 3x3/2 max-pool),
+    F = 512: for images of 64 px and more (a 96 px input ends at 3x3)."""
+    inputs = _input(input_shape)
+    x = _conv_bn(inputs, 64, 7, 2, "conv1", "bn1", sync)
+    x = layers.ZeroPadding2D(padding=1, name="maxpool_pad")(x)
+    x = layers.MaxPooling2D(pool_size=3, strides=2, padding="valid", name="maxpool")(x)
+    x = _resnet_stages(x, _basic_block, [2, 2, 2, 2], [64, 128, 256, 512], sync)
+    return keras.Model(inputs, _pool(x, pool_grid), name="resnet18")
+
+
 def _build_cifar_resnet18(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
     """CIFAR ResNet-18: 3x3/1 stem and no max-pool keep 32 px inputs usable, F = 512."""
     inputs = _input(input_shape)
@@ -228,6 +239,7 @@ def _build_small_convnet(input_shape, sync: bool, widths=None, pool_grid: int = 
 # name -> (builder, default input shape)
 _BACKBONES: Dict[str, Tuple[Callable[..., keras.Model], Tuple[int, int, int]]] = {
     "resnet50": (_build_resnet50, (224, 224, 3)),
+    "resnet18": (_build_resnet18, (96, 96, 3)),
     "cifar_resnet18": (_build_cifar_resnet18, (32, 32, 3)),
     "small_convnet": (_build_small_convnet, (28, 28, 1)),
 }
@@ -246,7 +258,7 @@ def build_backbone(
     """Build a backbone mapping images ``[B, H, W, C]`` to features ``[B, F]``.
 
     Args:
-      name: one of :data:`BACKBONE_NAMES` (``"resnet50"`` F=2048,
+      name: one of :data:`BACKBONE_NAMES` (``"resnet50"`` F=2048, ``"resnet18"`` F=512,
         ``"cifar_resnet18"`` F=512, ``"small_convnet"`` F=256, times ``pool_grid²``).
       input_shape: ``(H, W, C)``; ``None`` uses the backbone's natural size
         (224x224x3, 32x32x3 and 28x28x1 respectively).

@@ -63,6 +63,8 @@ DEFAULTS = {
         "warmup_min_steps": 0,     # ...lasting at least this many steps (the EMA must follow)
         "warmup_temperature": 0.2,
         "resync_after_warmup": True,  # key encoder ← query encoder when the warm-up ends
+        # The warm-up pass for methods without a bank too (none, simclr): a fair ablation.
+        "warmup_every_method": False,
         # caco | none | positive | negative (the paper's ablation rows) | moco_v2 | simclr
         "method": "caco",
     },
@@ -201,54 +203,262 @@ def load_config(path=None, assignments=()):
     return config
 
 
-def _validate(config):
-    positive = [("train", "epochs"), ("train", "batch_size"), ("caco", "bank_size"),
-                ("caco", "temperature"), ("caco", "bank_temperature"), ("model", "embedding_dim"),
-                ("evaluation", "knn_k"), ("data", "image_size"), ("data", "channels"),
-                ("evaluation", "knn_monitor_k"), ("evaluation", "knn_monitor_temperature"),
-                ("model", "pool_grid")]
-    for section, key in positive:
-        if config[section][key] <= 0:
-            raise ConfigError(f"{section}.{key} must be positive, got {config[section][key]}")
-    for section, key in [("train", "precise_bn_images"), ("evaluation", "knn_monitor_every")]:
-        if config[section][key] < 0:
-            raise ConfigError(f"{section}.{key} must be 0 (off) or positive")
-    if not 0 <= config["caco"]["warmup_epochs"] < config["train"]["epochs"]:
-        raise ConfigError("caco.warmup_epochs must be at least 0 and below train.epochs")
-    choices = {("train", "precision"): ("float32", "mixed_float16", "mixed_bfloat16"),
-               ("distribute", "strategy"): STRATEGIES, ("caco", "method"): METHODS}
-    for (section, key), allowed in choices.items():
-        if config[section][key] not in allowed:
-            raise ConfigError(f"{section}.{key} must be one of {', '.join(allowed)}, got "
-                              f"{config[section][key]!r}")
-    if config["train"]["optimizer"] not in ("auto", "sgd", "lars"):
-        raise ConfigError(f"train.optimizer must be auto, sgd or lars, got "
-                          f"{config['train']['optimizer']!r}")
-    if config["caco"]["method"] != "caco" and config["data"]["views"] == "multicrop":
-        raise ConfigError(f"caco.method {config['caco']['method']} takes two views; "
-                          f"data.views multicrop works with caco.method caco only")
-    _validate_data(config["data"])
+# ---------------------------------------------------------------------------- validation
+class Rule:
+    """What one key accepts: ``check(value)`` and the words that say it (``allowed``)."""
+
+    def __init__(self, check, allowed):
+        self.check, self.allowed = check, allowed
 
 
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def integer(low=None, high=None):
+    words = ("an integer" + (f" >= {low}" if low is not None else "")
+             + (f" and <= {high}" if high is not None else ""))
+    return Rule(lambda v: _is_int(v) and (low is None or v >= low)
+                and (high is None or v <= high), words)
+
+
+def number(low=None, high=None, low_open=False, high_open=False):
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        parts.append(f"{'<' if high_open else '<='} {high:g}")
+
+    def check(v):
+        return _is_number(v) and v == v and (
+            low is None or (v > low if low_open else v >= low)) and (
+            high is None or (v < high if high_open else v <= high))
+    return Rule(check, "a number " + " and ".join(parts) if parts else "a number")
+
+
+def choice(*values):
+    return Rule(lambda v: v in values, "one of " + ", ".join(str(v) for v in values))
+
+
+def boolean():
+    return Rule(lambda v: isinstance(v, bool), "true or false")
+
+
+def optional(rule, meaning):
+    return Rule(lambda v: v is None or rule.check(v), f"{rule.allowed}, or null ({meaning})")
+
+
+def span(low, high=None, positive_low=False):
+    """[low, high] with bounds, as the crop scales and blur range."""
+    bound = f" <= {high:g}" if high is not None else ""
+    first = "0 < low" if positive_low else "0 <= low"
+
+    def check(v):
+        return (isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v)
+                and (v[0] > low if positive_low else v[0] >= low) and v[0] <= v[1]
+                and (high is None or v[1] <= high))
+    return Rule(check, f"[low, high] with {first} <= high{bound}")
+
+
+def text(pattern_words, check=lambda v: True):
+    return Rule(lambda v: isinstance(v, str) and check(v), pattern_words)
+
+
+def _source(value, held_out=False):
+    kind, _, rest = value.partition(":")
+    if held_out:
+        return value == "" or (kind in ("folder", "npz", "tfrecord") and bool(rest)) or (
+            kind == "tfds" and rest.count(":") == 1 and all(rest.split(":")))
+    return value in ("mnist", "mnist_validation") or (
+        kind in ("npz", "folder", "tfrecord", "tfds") and bool(rest))
+
+
+BACKBONES = ("small_convnet", "cifar_resnet18", "resnet18", "resnet50")
 VIEWS = ("digits", "asymmetric", "cifar", "imagenet", "multicrop")
 
+# Every key of DEFAULTS: what it accepts.  A test checks that none is missing.
+RULES = {
+    "name": text("a non-empty name without '/'", lambda v: bool(v) and "/" not in v),
+    "data.source": text("mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or "
+                        "tfrecord:GLOB", _source),
+    "data.data_dir": text("a folder path, or '' (TFDS's default)"),
+    "data.manual_dir": text("a folder path, or '' (TFDS's default)"),
+    "data.held_out": text("'', folder:PATH, npz:PATH, tfds:NAME:SPLIT or tfrecord:GLOB",
+                          lambda v: _source(v, held_out=True)),
+    "data.image_size": integer(1, 4096),
+    "data.channels": choice(1, 3),
+    "data.views": choice(*VIEWS),
+    "data.crop_scale": span(0.0, 1.0, positive_low=True),
+    "data.blur_sigma": span(0.0),
+    "data.multicrop.local_size": integer(1, 4096),
+    "data.multicrop.local_crops": integer(0, 64),
+    "data.multicrop.global_scale": span(0.0, 1.0, positive_low=True),
+    "data.multicrop.local_scale": span(0.0, 1.0, positive_low=True),
+    "data.seed": integer(0),
+    "model.backbone": choice(*BACKBONES),
+    "model.widths": optional(Rule(lambda v: isinstance(v, list) and len(v) == 4 and all(
+        _is_int(w) and w >= 1 for w in v), "4 positive integers"), "small_convnet's 32, 64, "
+        "128, 256"),
+    "model.pool_grid": integer(1, 16),
+    "model.projector_hidden": integer(1),
+    "model.embedding_dim": integer(1),
+    "model.sync_batchnorm": optional(boolean(), "exactly when replicas > 1"),
+    "caco.bank_size": integer(1),
+    "caco.temperature": number(0.0, low_open=True),
+    "caco.bank_temperature": number(0.0, low_open=True),
+    "caco.bank_lr": number(0.0),
+    "caco.bank_momentum": number(0.0, 1.0, high_open=True),
+    "caco.key_momentum": number(0.0, 1.0),
+    "caco.warmup_epochs": integer(0),
+    "caco.warmup_min_steps": integer(0),
+    "caco.warmup_temperature": number(0.0, low_open=True),
+    "caco.resync_after_warmup": boolean(),
+    "caco.warmup_every_method": boolean(),
+    "caco.method": choice(*METHODS),
+    "train.epochs": integer(1),
+    "train.batch_size": integer(1),
+    "train.optimizer": choice("auto", "sgd", "lars"),
+    "train.learning_rate": optional(number(0.0, low_open=True), "the paper's rule from the "
+                                    "batch"),
+    "train.weight_decay": number(0.0),
+    "train.momentum": number(0.0, 1.0, high_open=True),
+    "train.lr_warmup_epochs": integer(0),
+    "train.seed": integer(0),
+    "train.jit_compile": boolean(),
+    "train.precision": choice("float32", "mixed_float16", "mixed_bfloat16"),
+    "train.precise_bn_images": integer(0),
+    "train.on_schedule_change": choice("refuse", "rescale"),
+    "train.stop_on_collapse": boolean(),
+    "distribute.strategy": choice(*STRATEGIES),
+    "evaluation.knn_k": integer(1),
+    "evaluation.knn_temperature": number(0.0, low_open=True),
+    "evaluation.batch_size": integer(1),
+    "evaluation.knn_monitor_every": integer(0),
+    "evaluation.knn_monitor_k": integer(1),
+    "evaluation.knn_monitor_temperature": number(0.0, low_open=True),
+    "evaluation.knn_train_images": integer(1),
+    "evaluation.knn_test_images": integer(1),
+    "evaluation.health_images": integer(0),
+    "evaluation.online_probe": boolean(),
+}
 
-def _validate_data(data):
-    if data["views"] not in VIEWS:
-        raise ConfigError(f"data.views must be one of {', '.join(VIEWS)}, got {data['views']!r}")
-    if data["channels"] not in (1, 3):
-        raise ConfigError(f"data.channels must be 1 or 3, got {data['channels']}")
-    ranges = {"data.crop_scale": (data["crop_scale"], 1.0),
-              "data.multicrop.global_scale": (data["multicrop"]["global_scale"], 1.0),
-              "data.multicrop.local_scale": (data["multicrop"]["local_scale"], 1.0),
-              "data.blur_sigma": (data["blur_sigma"], None)}
-    for name, (value, upper) in ranges.items():
-        numbers = len(value) == 2 and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-        if not numbers or not 0 <= value[0] <= value[1] or (upper and value[1] > upper) or (
-                upper and value[1] <= 0):
-            bound = f" at most {upper}" if upper else ""
-            raise ConfigError(f"{name} must be [low, high] with 0 <= low <= high{bound}, got "
-                              f"{value!r}")
-    if data["multicrop"]["local_size"] <= 0 or data["multicrop"]["local_crops"] < 0:
-        raise ConfigError("data.multicrop.local_size must be positive and local_crops >= 0")
+
+# One line per key: what it does (the documentation's configuration reference is generated
+# from DEFAULTS, RULES and this table; a test checks that every key has its line).
+HELP = {
+    "name": "the run's name: its default folder is runs/<name>",
+    "data.source": "the training images; labels, where a source has them, serve evaluation "
+                   "only",
+    "data.data_dir": "where TFDS keeps prepared data sets ('': ~/tensorflow_datasets)",
+    "data.manual_dir": "where TFDS finds manually downloaded files (imagenet2012's archives)",
+    "data.held_out": "labelled held-out images for every kNN and evaluation ('': the source's "
+                     "own held-out split, if any)",
+    "data.image_size": "the side of the (global) views and of the exported model's input",
+    "data.channels": "1 or 3: every image is converted to it when decoded",
+    "data.views": "the augmentation: digits (offline MNIST), asymmetric (the paper's two "
+                  "views; cifar and imagenet are aliases) or multicrop",
+    "data.crop_scale": "asymmetric views: the RandomResizedCrop area range",
+    "data.blur_sigma": "colour views: the Gaussian blur's sigma range, in pixels of the view",
+    "data.multicrop.local_size": "multicrop: the side of the local crops",
+    "data.multicrop.local_crops": "multicrop: local crops per image",
+    "data.multicrop.global_scale": "multicrop: the global crops' area range",
+    "data.multicrop.local_scale": "multicrop: the local crops' area range",
+    "data.seed": "the seed of the order of the images and of every view",
+    "model.backbone": "the encoder's backbone (images to pooled features)",
+    "model.widths": "small_convnet's four convolution widths",
+    "model.pool_grid": "1: global average pooling; g: the mean of each cell of a gxg grid over "
+                       "the last feature map, flattened",
+    "model.projector_hidden": "the projection MLP's hidden width",
+    "model.embedding_dim": "D, the embedding's (and the bank rows') dimension",
+    "model.sync_batchnorm": "BatchNorm statistics over all replicas",
+    "caco.bank_size": "K, the bank's rows (positives and negatives share them)",
+    "caco.temperature": "tau of the encoder's loss",
+    "caco.bank_temperature": "tau of the bank's update",
+    "caco.bank_lr": "the bank's learning rate (cosine-decayed)",
+    "caco.bank_momentum": "the SGD momentum of the bank's update",
+    "caco.key_momentum": "the key encoder's EMA momentum at the start (it rises to 1 on a "
+                         "cosine)",
+    "caco.warmup_epochs": "epochs of the MoCo-style pass that fills the bank with real keys",
+    "caco.warmup_min_steps": "the least steps that warm-up lasts (the EMA must follow the "
+                             "query encoder before the resync)",
+    "caco.warmup_temperature": "tau of the warm-up's loss",
+    "caco.resync_after_warmup": "copy the query encoder into the key encoder when the warm-up "
+                                "ends",
+    "caco.warmup_every_method": "run the warm-up for the methods without a bank too (a fair "
+                                "ablation)",
+    "caco.method": "caco, or the paper's ablation rows (none, positive, negative) and baselines "
+                   "(moco_v2, simclr)",
+    "train.epochs": "epochs, warm-up included",
+    "train.batch_size": "the global batch, split over the replicas",
+    "train.optimizer": "auto: SGD below a batch of 1,024, LARS from it (the paper's rule)",
+    "train.learning_rate": "the encoder's peak learning rate",
+    "train.weight_decay": "the encoder's (coupled, PyTorch-style) weight decay",
+    "train.momentum": "the encoder optimizer's momentum",
+    "train.lr_warmup_epochs": "epochs of the learning rate's linear warm-up",
+    "train.seed": "the seed of the weights' initialization",
+    "train.jit_compile": "compile the train step with XLA",
+    "train.precision": "the Keras dtype policy (the bank, logits and loss stay float32)",
+    "train.precise_bn_images": "re-estimate the backbone's BatchNorm statistics on this many "
+                               "un-augmented images after the last epoch (0: off)",
+    "train.on_schedule_change": "what a resume does when epochs, batch size, learning rates or "
+                                "warm-up changed: refuse, or rescale the rest of the run",
+    "train.stop_on_collapse": "stop the run on a collapse (the last good checkpoint stays)",
+    "distribute.strategy": "auto: mirrored when several GPUs are visible, else one device",
+    "evaluation.knn_k": "neighbours of the end-of-run kNN and caco-evaluate knn",
+    "evaluation.knn_temperature": "the vote temperature of that kNN",
+    "evaluation.batch_size": "the batch of every evaluation pass",
+    "evaluation.knn_monitor_every": "the kNN monitor during training, every N epochs (0: off)",
+    "evaluation.knn_monitor_k": "the monitor's neighbours",
+    "evaluation.knn_monitor_temperature": "the monitor's vote temperature",
+    "evaluation.knn_train_images": "every kNN reads a class-balanced sample of at most this "
+                                   "many training images",
+    "evaluation.knn_test_images": "... and of at most this many held-out images",
+    "evaluation.health_images": "un-augmented training images the effective ranks are "
+                                "measured on each epoch (0: off)",
+    "evaluation.online_probe": "a linear probe trained beside the encoder on labelled batches "
+                               "(probe_top1); it never changes the encoder",
+}
+
+
+def _validate(config):
+    flat = {".".join(key): value for key, value in _flatten(config).items()}
+    for key, rule in RULES.items():
+        if not rule.check(flat[key]):
+            raise ConfigError(f"{key} must be {rule.allowed}, got {flat[key]!r}")
+    train, caco, model, data = config["train"], config["caco"], config["model"], config["data"]
+    if caco["warmup_epochs"] >= train["epochs"]:
+        raise ConfigError(f"caco.warmup_epochs must be below train.epochs "
+                          f"({train['epochs']}), got {caco['warmup_epochs']}")
+    if train["lr_warmup_epochs"] > train["epochs"]:
+        raise ConfigError(f"train.lr_warmup_epochs must be at most train.epochs "
+                          f"({train['epochs']}), got {train['lr_warmup_epochs']}")
+    if caco["method"] != "caco" and data["views"] == "multicrop":
+        raise ConfigError(f"caco.method {caco['method']} takes two views; "
+                          f"data.views multicrop works with caco.method caco only")
+    if model["widths"] is not None and model["backbone"] != "small_convnet":
+        raise ConfigError(f"model.widths applies to small_convnet only, not to "
+                          f"model.backbone {model['backbone']}")
+    _check_image_sizes(data, model)
+
+
+def _check_image_sizes(data, model):
+    """Images too small for the backbone's downsampling are refused before anything is built:
+    the last feature map must hold the ``model.pool_grid`` cells."""
+    from caco_tf.nets.sizes import feature_map_size, smallest_image
+
+    sizes = [("data.image_size", data["image_size"])]
+    if data["views"] == "multicrop":
+        sizes.append(("data.multicrop.local_size", data["multicrop"]["local_size"]))
+    for key, size in sizes:
+        grid = model["pool_grid"]
+        if feature_map_size(model["backbone"], size) < grid:
+            raise ConfigError(
+                f"{key} {size} is too small for model.backbone {model['backbone']} with "
+                f"model.pool_grid {grid}: its downsampling leaves "
+                f"{feature_map_size(model['backbone'], size)}x"
+                f"{feature_map_size(model['backbone'], size)} features; use at least "
+                f"{smallest_image(model['backbone'], grid)}")

@@ -1,0 +1,98 @@
+"""Health without labels: the metrics against closed forms on constructed embeddings, the
+collapse rule, and a NaN loss stopping a run while its last good state stays."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caco_tf import health
+from caco_tf.training import callbacks
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("rank", [1, 3, 8])
+def test_effective_rank_of_a_rank_r_set_is_r(rank):
+    rng = np.random.default_rng(rank)
+    # Orthogonal directions with equal weights: the singular values are all equal, RankMe = r.
+    basis = np.linalg.qr(rng.normal(size=(32, rank)))[0].T  # [r, 32] orthonormal rows
+    coefficients = np.linalg.qr(rng.normal(size=(512, rank)))[0] * np.sqrt(512 / rank)
+    equal = coefficients @ basis
+    assert float(health.effective_rank(equal)) == pytest.approx(rank, rel=1e-3)
+    # Random points of a rank-r subspace: close to r (unequal singular values lower it).
+    points = rng.normal(size=(512, rank)) @ basis
+    assert rank * 0.8 < float(health.effective_rank(points)) <= rank + 1e-3
+
+
+def test_effective_rank_follows_rankmes_formula():
+    z = np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32)
+    sigma = np.linalg.svd(z, compute_uv=False)
+    p = sigma / sigma.sum() + health.RANK_EPSILON
+    assert float(health.effective_rank(z)) == pytest.approx(np.exp(-(p * np.log(p)).sum()),
+                                                            rel=1e-4)
+
+
+def test_alignment_and_uniformity_closed_forms():
+    rng = np.random.default_rng(1)
+    z = _unit(rng.normal(size=(50, 8))).astype(np.float32)
+    assert float(health.alignment(z, z)) == 0.0
+    assert float(health.alignment(z, -z)) == pytest.approx(4.0, rel=1e-5)  # ||z - (-z)||² = 4
+    # All embeddings equal: every pair at distance 0, uniformity log 1 = 0.
+    assert float(health.uniformity(np.repeat(z[:1], 10, axis=0))) == pytest.approx(0.0, abs=1e-6)
+    # Two antipodal points: the one pair (both orders) at squared distance 4: log e^(-8) = -8.
+    assert float(health.uniformity(np.stack([z[0], -z[0]]))) == pytest.approx(-8.0, rel=1e-5)
+    # The NumPy definition over all ordered pairs i != j.
+    distances = ((z[:, None] - z[None]) ** 2).sum(-1)
+    pairs = distances[~np.eye(50, dtype=bool)]
+    assert float(health.uniformity(z)) == pytest.approx(np.log(np.exp(-2 * pairs).mean()),
+                                                        rel=1e-4)
+
+
+def test_histogram_usage_and_entropy():
+    counts = np.zeros(100)
+    counts[:4] = 5.0  # four rows used equally
+    assert float(health.histogram_usage(counts)) == pytest.approx(0.04)
+    assert float(health.histogram_entropy(counts)) == pytest.approx(np.log(4), rel=1e-6)
+    collapsed = np.zeros(100)
+    collapsed[7] = 1000.0
+    assert float(health.histogram_entropy(collapsed)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_collapse_rule():
+    # K = 1,024 rows and 8,000 MPP assignments an epoch: 2 % of 1,024 rows is about 20.
+    assert callbacks.is_collapsed({"mpp_usage": 2 / 1024}, 1024, 8000) == (
+        "the positives use 2 of 1024 bank rows")
+    assert callbacks.is_collapsed({"mpp_usage": 300 / 1024}, 1024, 8000) is None
+    # A small data set cannot use more rows than it makes assignments.
+    assert callbacks.is_collapsed({"mpp_usage": 30 / 4096}, 4096, 600) is None
+    assert callbacks.is_collapsed({"rank_embedding": 1.3}, 0, 0).startswith(
+        "the embeddings' effective rank is 1.30")
+    assert callbacks.is_collapsed({"rank_embedding": 40.0}, 0, 0) is None
+    assert callbacks.is_collapsed({"uniformity": -0.05}, 0, 0).startswith(
+        "the embeddings bunch together (uniformity -0.050")
+    assert callbacks.is_collapsed({"uniformity": -0.9}, 0, 0) is None
+
+
+def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_path):
+    from test_model import tiny_caco, views
+
+    model = tiny_caco()
+    batches = [views(seed) for seed in range(6)]  # 3 steps an epoch
+    poisoned = [b[0].copy() for b in batches]
+    poisoned[4][0, 0, 0, 0] = np.nan  # epoch 2, its second batch
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (np.stack(poisoned), np.stack([b[1] for b in batches])))
+    guard = callbacks.HealthMonitor()
+    resume = callbacks.Resume(str(tmp_path), steps_per_epoch=3)
+    history = model.fit(dataset, epochs=2, steps_per_epoch=3, callbacks=[guard, resume],
+                        verbose=0)
+    assert model.unhealthy == "the loss became nan at step 5 (epoch 2, batch 2)"
+    assert len(history.history["loss"]) == 2 and np.isnan(history.history["loss"][1])
+    backup = callbacks.read_backup(str(tmp_path))
+    assert backup.epoch == 1  # epoch 2 was not saved
+    restored = tiny_caco()
+    restored.load_weights(backup.weights)
+    assert np.isfinite(restored.bank.numpy()).all()
+    assert int(restored.optimizer.iterations.numpy()) == 3
