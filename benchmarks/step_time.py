@@ -14,6 +14,9 @@ r50_caco_k4096     r50_caco at K=4,096                               bank scalin
 r50_caco_k262144   r50_caco at K=262,144                             bank scaling
 c18_caco           CIFAR ResNet-18, 32 px, batch 256, CaCo, K=16,384 (the CIFAR config's K)
 c18_caco_xla       the same, ``jit_compile=True``
+m_caco_xla         the offline default (configs/mnist.yaml: small    its XLA setting
+                   ConvNet, 28 px, batch 16, K=1,024), XLA
+m_caco             the same without XLA
 =================  ===============================================  =========================
 
 Every model is built by ``build.build_model`` from ``configs/imagenet_resnet50_b256.yaml``
@@ -75,6 +78,7 @@ SECTIONS = {False: ("## Train-step time and the cost of the learned bank",
 RESULT = "STEP_TIME_RESULT "  # prefix of the child's JSON line on stdout
 R50 = os.path.join("configs", "imagenet_resnet50_b256.yaml")
 C18 = os.path.join("configs", "cifar10_resnet18.yaml")
+MNIST = os.path.join("configs", "mnist.yaml")
 STEPS_PER_EPOCH = 1000  # sets the schedules' length only; no effect on a step's cost
 PAPER_OVERHEAD = 2.24 / 2.12  # GPU-hours per epoch, CaCo against MoCo v2 (the paper)
 GOALS = {"overhead": 1.03, "utilization": 0.35, "bank_share": 0.05}
@@ -88,12 +92,14 @@ CONFIGS = {
     "r50_caco_k262144": (R50, 32, "caco", 262144, False),
     "c18_caco": (C18, 256, "caco", None, False),
     "c18_caco_xla": (C18, 256, "caco", None, True),
+    "m_caco_xla": (MNIST, 16, "caco", None, True),
+    "m_caco": (MNIST, 16, "caco", None, False),
 }
 SCALING = ("r50_caco_k4096", "r50_caco", "r50_caco_k262144")  # increasing K
 # --quick: a tiny backbone, small images, batches and banks (K / 64), for smoke tests only.
 QUICK_SETTINGS = ("model.backbone=small_convnet", "data.image_size=16",
                   "model.projector_hidden=64")
-QUICK_BATCH = {R50: 4, C18: 8}
+QUICK_BATCH = {R50: 4, C18: 8, MNIST: 8}
 QUICK_BANK_DIVISOR = 64
 
 
@@ -182,7 +188,7 @@ def bank_functions(tf, model, jit):
         return loss + tf.add_n([tf.reduce_sum(g) for g in query_gradients])
 
     # The ablation classes (MoCo v2 among them) give their loss as ``contrastive_loss``.
-    functions = ({"queue": queue} if hasattr(model, "contrastive_loss")
+    functions = ({"queue": queue} if model.method != "caco"
                  else {"algorithm": algorithm, "with_diagnostics": with_diagnostics})
     return {name: tf.function(f, jit_compile=jit) for name, f in functions.items()}
 
@@ -374,10 +380,13 @@ def median(values):
 
 
 def summary(result, peak_flops):
-    """Derived figures of one configuration's result."""
+    """Derived figures of one configuration's result: utilization against the machine's
+    theoretical float32 peak (``_report.theoretical_peak``), and against the matmul measured."""
     step = median(result["step_times"])
+    theoretical = (_report.theoretical_peak() or {}).get("flops")
     out = {"step": step, "images_per_s": result["batch"] / step,
-           "utilization": (result["step_flops"] / step / peak_flops) if peak_flops else None}
+           "utilization": (result["step_flops"] / step / theoretical) if theoretical else None,
+           "of_matmul": (result["step_flops"] / step / peak_flops) if peak_flops else None}
     for part, times in result["bank_times"].items():
         out[f"{part}_s"] = median(times)
         out[f"{part}_share"] = median(times) / step
@@ -487,9 +496,13 @@ def section(results, matmul, args, argv, wall_s, pending=()):
         "(counted by `caco_tf.profiling`, not by XLA: TensorFlow has no public cost analysis): "
         "2 × multiply-adds of the convolutions and dense layers, 8 encoder forwards per image "
         "(query forward + backward = 3 per view, key forward 1 per view) plus the step's "
-        "products with the bank. Utilization: model FLOP/s over the float32 matmul peak "
+        "products with the bank. Utilization: model FLOP/s over the machine's theoretical "
+        "float32 peak, "
+        + ((_report.theoretical_peak() or {}).get("description", "unknown here")) +
+        " (`benchmarks/_report.py`: cores, clock and vector width from /proc/cpuinfo); in "
+        "brackets, over the best float32 matmul measured in the same run "
         + (f"({peak / 1e9:,.1f} GFLOP/s at n={matmul['size']}, median of {args.steps}, same "
-           "run and thread settings)" if peak else "(not measured)") + ". Bank share: the bank "
+           "thread settings)" if peak else "(not measured)") + ". Bank share: the bank "
         "part of the step alone (normalization, MPP products and argmax, loss logits and their "
         "gradient, cooperative-adversarial gradient, momentum update), same B, K and XLA "
         "setting, median over the median step; \"+ diag.\" adds the step's bank-sized "
@@ -524,7 +537,8 @@ def section(results, matmul, args, argv, wall_s, pending=()):
                      f"({100 * d['with_diagnostics_share']:.1f} %)")
         else:
             share = f"queue {100 * d['queue_share']:.1f} %"
-        utilization = f"{100 * d['utilization']:.1f} %" if d["utilization"] is not None else "—"
+        utilization = (f"{100 * d['utilization']:.1f} %" if d["utilization"] is not None
+                       else "—") + (f" ({100 * d['of_matmul']:.0f} %)" if d["of_matmul"] else "")
         lines.append(
             f"| {name} | {result['backbone']}, {result['image_size']}² | {result['batch']} "
             f"| {result['method']} | {result['bank_size']:,} | {'yes' if result['xla'] else 'no'} "
@@ -569,7 +583,7 @@ def ratio_lines(done, derived, peak):
         lines.append(
             f"- Utilization, CaCo, {where}{label}: "
             + (f"{100 * value:.1f} %" if value is not None else "—")
-            + f" of the matmul peak. Goal ≥ {100 * GOALS['utilization']:.0f} %: "
+            + f" of the theoretical float32 peak. Goal ≥ {100 * GOALS['utilization']:.0f} %: "
             f"{verdict(value, GOALS['utilization'], False)}.")
     if caco:
         lines.append(
@@ -585,7 +599,8 @@ def ratio_lines(done, derived, peak):
         lines.append(f"- MoCo v2's queue part (logits, their gradient, FIFO write), "
                      f"{describe(done['r50_moco'])}: {100 * moco['queue_share']:.1f} % of its "
                      f"step ({1e3 * moco['queue_s']:.0f} ms).")
-    for slow, fast in (("r50_caco", "r50_caco_xla"), ("c18_caco", "c18_caco_xla")):
+    for slow, fast in (("r50_caco", "r50_caco_xla"), ("c18_caco", "c18_caco_xla"),
+                       ("m_caco", "m_caco_xla")):
         if slow in derived and fast in derived:
             before, after = derived[slow]["step"], derived[fast]["step"]
             lines.append(f"- XLA speed-up, {describe(done[slow], False)}: {before / after:.2f}× "

@@ -93,7 +93,8 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
         warmup_temperature=caco["warmup_temperature"],
         resync_after_warmup=caco["resync_after_warmup"],
         online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
-        multi_crop=multi_crop, warmup_every_method=caco["warmup_every_method"])
+        multi_crop=multi_crop, warmup_every_method=caco["warmup_every_method"],
+        preprocessing=preprocessing(config), run_settings=config)
     model.compile(
         optimizer=optimizers.build_encoder_optimizer(
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
@@ -118,11 +119,23 @@ def use_xla(jit_compile, num_replicas):
     return jit_compile
 
 
+def preprocessing(config):
+    """How images reach the backbone (``MomentumEncoderMethod.preprocessing``): the size,
+    channels and normalization the views use, and evaluation's centre crop."""
+    views = build_views(config)
+    as_list = (lambda v: [float(x) for x in v] if isinstance(v, (tuple, list)) else float(v))
+    return {"image_size": config["data"]["image_size"], "channels": config["data"]["channels"],
+            "mean": as_list(views.mean), "std": as_list(views.std), "crop_fraction": 0.875}
+
+
 Run = collections.namedtuple("Run", "directory config model views")
 
 
 def load_run(run_dir):
-    """The model of a run folder, rebuilt from its ``config.yaml`` and last checkpoint."""
+    """The model of a run folder, rebuilt from its ``config.yaml`` and last checkpoint, or of a
+    ``.keras`` file (``model.save``; the run's configuration travels in it)."""
+    if str(run_dir).endswith(".keras"):
+        return load_keras_file(run_dir)
     config_path = os.path.join(run_dir, "config.yaml")
     weights = os.path.join(run_dir, "checkpoints", "last.weights.h5")
     if not os.path.exists(config_path):
@@ -133,4 +146,35 @@ def load_run(run_dir):
     model = build_model(config, steps_per_epoch=1)
     model.load_weights(weights)
     return Run(run_dir, config, model, build_views(config))
+
+
+def load_keras_file(path):
+    """A ``Run`` from a ``.keras`` file written by ``model.save`` (``train.py`` writes
+    ``RUN/model.keras``): the model as saved, the run configuration it carries."""
+    import keras
+
+    if not os.path.exists(path):
+        raise ConfigError(f"no such .keras file: {path}")
+    try:
+        model = keras.models.load_model(path, compile=True)
+    except (OSError, ValueError, TypeError) as error:
+        raise ConfigError(f"cannot load {path}: {' '.join(str(error).split())[:300]}") from None
+    if not getattr(model, "run_settings", None):
+        raise ConfigError(f"{path} holds no run configuration (a model not built by "
+                          f"caco_tf.build_model); evaluate its backbone from Python instead")
+    config = load_config(None, _assignments(model.run_settings))
+    return Run(os.path.dirname(os.path.abspath(path)), config, model, build_views(config))
+
+
+def _assignments(tree, prefix=""):
+    """A nested configuration as ``key=value`` assignments (``load_config`` re-validates it)."""
+    import json
+
+    result = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            result += _assignments(value, f"{prefix}{key}.")
+        else:
+            result.append(f"{prefix}{key}={json.dumps(value)}")
+    return result
 

@@ -1,7 +1,8 @@
 """From a configuration to a trained run folder: what ``train.py`` does, as a library call.
 
 A run folder holds ``config.yaml`` (resolved), ``tensorboard/``, ``backup/`` (resume state),
-``checkpoints/``, ``history.json``, ``saved_model/`` (the backbone, TF Serving layout) and
+``checkpoints/last.weights.h5``, ``history.json``, ``model.keras`` (the final model, as
+``model.save`` writes it), ``saved_model/`` (the backbone, TF Serving layout) and
 ``results.json``.
 """
 
@@ -128,6 +129,9 @@ def run(config, run_dir, verbose=1):
                                        strategy)
     if not chief:
         return {}
+    # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model
+    # reads it, and caco-evaluate and caco-export take it instead of the run folder.
+    model.save(os.path.join(run_dir, "model.keras"))
     backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
     results["saved_model"] = export.export_backbone(
         backbone, os.path.join(run_dir, "saved_model"), config["data"]["image_size"],

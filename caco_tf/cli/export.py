@@ -1,10 +1,15 @@
 """Export a run's backbone for serving (``caco-export``, ``python export/export_saved_model.py``).
 
-    caco-export --run runs/mnist [--out DIR] [--version N] [--crop-fraction 0.875]
+    caco-export --run runs/mnist [--format saved_model|onnx|litert] [--out PATH]
+                [--output features|embedding] [--version N] [--crop-fraction 0.875]
 
-Rebuilds the model from the run's resolved ``config.yaml``, loads its last checkpoint and writes
-``DIR/backbone/N/`` (default DIR: the run's ``saved_model/``).  ``caco-train`` does the same at
-the end of every run.  Signatures and preprocessing: ``caco_tf/serving/export.py``.
+``--run``: a run folder (rebuilt from its ``config.yaml`` and last checkpoint) or a ``.keras``
+file (``RUN/model.keras``).  ``saved_model`` (the default) writes TF Serving's
+``PATH/backbone/N/`` (default PATH: the run's ``saved_model/``; ``caco-train`` does the same at
+the end of every run), signatures and preprocessing in ``caco_tf/serving/export.py``; ``onnx``
+and ``litert`` write one file (default ``RUN/backbone.onnx`` / ``RUN/backbone.tflite``, or
+``embedding.*`` for ``--output embedding``): uint8 [batch, S, S, C] in, the features (or
+embedding) out, ``caco_tf/serving/interop.py``.
 """
 
 import os
@@ -12,16 +17,24 @@ import sys
 
 from caco_tf import cli
 
+FORMATS = ("saved_model", "onnx", "litert")
+SUFFIXES = {"onnx": ".onnx", "litert": ".tflite"}
+
 
 def parse_args(argv):
     parser = cli.ArgumentParser(prog="caco-export",
-                                     description="Export a run's backbone as a SavedModel.")
-    parser.add_argument("--run", required=True, help="run folder written by caco-train")
-    parser.add_argument("--out", help="output folder (default: RUN/saved_model)")
+                                description="Export a run's backbone for serving.")
+    parser.add_argument("--run", required=True,
+                        help="run folder written by caco-train, or its model.keras")
+    parser.add_argument("--format", choices=FORMATS, default="saved_model")
+    parser.add_argument("--out", help="output folder (saved_model) or file (onnx, litert)")
+    parser.add_argument("--output", choices=("features", "embedding"), default="features",
+                        help="onnx, litert: the backbone's features or the L2-normalized "
+                             "embedding (the SavedModel serves both)")
     parser.add_argument("--version", type=int, default=1)
     parser.add_argument("--crop-fraction", type=float, default=0.875,
-                        help="serving resize: shorter side to image_size / this, then centre "
-                             "crop (default 0.875: 256 → 224)")
+                        help="saved_model's resize: shorter side to image_size / this, then "
+                             "centre crop (default 0.875: 256 → 224)")
     cli.verbose_argument(parser)
     return parser.parse_args(argv)
 
@@ -40,13 +53,18 @@ def main(argv=None):
         if not 0.0 < args.crop_fraction <= 1.0:
             raise ConfigError(f"--crop-fraction must be in (0, 1], got {args.crop_fraction}")
         run = load_run(args.run)
-        config = run.config
-        path = export.export_backbone(
-            run.model.backbone, args.out or os.path.join(args.run, "saved_model"),
-            config["data"]["image_size"], config["data"]["channels"], run.views.mean,
-            run.views.std, embedder=run.model.query_encoder, version=args.version,
-            crop_fraction=args.crop_fraction)
-        print(f"saved model: {os.path.abspath(path)}")
+        folder = (os.path.dirname(os.path.abspath(args.run)) if args.run.endswith(".keras")
+                  else args.run)
+        model = run.model
+        model.preprocessing = dict(model.preprocessing or {}, crop_fraction=args.crop_fraction)
+        if args.format == "saved_model":
+            path = export.export_model(model, args.out or os.path.join(folder, "saved_model"),
+                                       serving_layout=True, version=args.version)
+        else:
+            name = "backbone" if args.output == "features" else "embedding"
+            out = args.out or os.path.join(folder, name + SUFFIXES[args.format])
+            path = export.export_model(model, out, format=args.format, output=args.output)
+        print(f"{args.format}: {os.path.abspath(path)}")
         return 0
 
     return cli.guard(work)

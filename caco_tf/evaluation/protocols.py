@@ -91,6 +91,8 @@ def default_json_path(run_dir, protocol, spec, pixels):
     """RUN/eval_<protocol>[_pixels][_<data>].json, or None without a run folder."""
     if run_dir is None:
         return None
+    if str(run_dir).endswith(".keras"):  # a saved model: its folder
+        run_dir = os.path.dirname(os.path.abspath(run_dir))
     suffix = "" if spec is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", spec)
     return os.path.join(run_dir, f"eval_{protocol}{'_pixels' if pixels else ''}{suffix}.json")
 

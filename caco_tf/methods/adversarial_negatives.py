@@ -1,11 +1,13 @@
 """The ablation's "Negative" row (AdCo-like): the bank holds negatives only, trained to ascend."""
 
+import keras
 import tensorflow as tf
 
 from caco_tf import bank as bank_lib
 from caco_tf.methods.base import MomentumEncoderMethod
 
 
+@keras.saving.register_keras_serializable(package="caco_tf")
 class AdversarialNegatives(MomentumEncoderMethod):
     """The positive is the other view's key; every bank row is a negative and ascends the loss
     (``bank.adversarial_negative_gradient``, with the run's bank learning rate, momentum and

@@ -40,6 +40,13 @@ def build_encoder(backbone, projector, name):
     return keras.Model(inputs, embedding, name=name)
 
 
+def np_prod(shape):
+    product = 1
+    for side in shape:
+        product *= int(side)
+    return product
+
+
 def _as_schedule(value):
     """Accept a float or a LearningRateSchedule; return a callable of the step."""
     if isinstance(value, keras.optimizers.schedules.LearningRateSchedule):
@@ -47,6 +54,7 @@ def _as_schedule(value):
     return lambda step: tf.constant(value, tf.float32)
 
 
+@keras.saving.register_keras_serializable(package="caco_tf")
 class MomentumEncoderMethod(keras.Model):
     """The shared base of the methods (``caco_tf.methods``); see the module docstring.
 
@@ -70,6 +78,15 @@ class MomentumEncoderMethod(keras.Model):
         its own optimizer, trained on stop-gradient backbone features of view 1 whenever a
         batch carries labels; its accuracy is ``probe_top1``.  It never changes the encoder.
       multi_crop: batches hold two global crops then local crops (CaCo only).
+      preprocessing: how images reach the backbone (``image_size``, ``channels``, ``mean``,
+        ``std``, optionally ``crop_fraction``), for ``export``; ``build_model`` sets it.
+      run_settings: the run configuration the model was built from (``build_model``), kept in
+        the ``.keras`` file so that evaluation and export can rebuild the run around it.
+
+    A Keras citizen: ``get_config``/``from_config`` (so ``model.save("x.keras")`` and
+    ``keras.models.load_model`` round-trip the encoders, bank, bank momentum, FIFO pointer,
+    optimizer state and step), ``export`` (the serving SavedModel with its preprocessing, or
+    ONNX / LiteRT), and a ``summary`` that names the parts and the bank's size.
     """
 
     method = None             # the name ``caco.method`` gives it
@@ -82,10 +99,22 @@ class MomentumEncoderMethod(keras.Model):
                  bank_temperature=0.08, bank_learning_rate=3.0, bank_momentum=0.9,
                  key_momentum=0.99, warmup_steps=0, warmup_temperature=0.2,
                  resync_after_warmup=True, online_probe_classes=None, multi_crop=False,
-                 warmup_every_method=False, name=None, **kwargs):
+                 warmup_every_method=False, preprocessing=None, run_settings=None, name=None,
+                 **kwargs):
         if multi_crop and not self.supports_multi_crop:
             raise ValueError(f"caco.method {self.method!r} takes two views, not multi-crop")
         super().__init__(name=name or self.method, **kwargs)
+        # The arguments as given, for get_config (schedules and all).
+        self._arguments = dict(
+            bank_size=bank_size, temperature=temperature, bank_temperature=bank_temperature,
+            bank_learning_rate=bank_learning_rate, bank_momentum=bank_momentum,
+            key_momentum=key_momentum, warmup_steps=warmup_steps,
+            warmup_temperature=warmup_temperature, resync_after_warmup=resync_after_warmup,
+            online_probe_classes=online_probe_classes, multi_crop=multi_crop,
+            warmup_every_method=warmup_every_method, preprocessing=preprocessing,
+            run_settings=run_settings)
+        self.preprocessing = dict(preprocessing) if preprocessing else None
+        self.run_settings = run_settings
         self.backbone = backbone
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
         # A structural copy; its parameters start equal to the query encoder's, its BatchNorm
@@ -150,6 +179,80 @@ class MomentumEncoderMethod(keras.Model):
 
     # ------------------------------------------------------------------ Keras plumbing
     @property
+    def projector(self):
+        """The projection head (inside the query encoder: backbone → projector → L2 norm)."""
+        return self.query_encoder.layers[-2]
+
+    def get_config(self):
+        config = {"name": self.name, "backbone": keras.saving.serialize_keras_object(
+            self.backbone), "projector": keras.saving.serialize_keras_object(self.projector)}
+        for key, value in self._arguments.items():
+            config[key] = (keras.saving.serialize_keras_object(value) if isinstance(
+                value, keras.optimizers.schedules.LearningRateSchedule) else value)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("backbone", "projector", "bank_learning_rate", "key_momentum"):
+            if isinstance(config.get(key), dict):
+                config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               serving_layout=False, version=1, **kwargs):
+        """Export the backbone for serving, its preprocessing inside (``caco_tf.serving``).
+
+        ``format``: ``tf_saved_model`` (Keras' name; also ``saved_model``): uint8 images in,
+        features out (``serving_default``), the embedding (``embed``) and encoded files
+        (``serve_bytes``), written at ``filepath``, or as TF Serving's
+        ``filepath/backbone/<version>/`` with ``serving_layout``; ``onnx`` or ``litert``: one
+        file at ``filepath``.  ``input_signature`` is not taken: the signatures are fixed.
+        Returns the path written.
+        """
+        from caco_tf.serving import export as serving
+
+        if input_signature is not None:
+            raise ValueError("export takes no input_signature: the signatures take uint8 "
+                             "images (caco_tf.serving.export)")
+        if not self.preprocessing:
+            raise ValueError("this model does not know its preprocessing (built without "
+                             "caco_tf.build_model): call caco_tf.export_backbone(model.backbone, "
+                             "directory, image_size, channels, mean, std) instead")
+        return serving.export_model(self, filepath, format=format,
+                                    serving_layout=serving_layout, version=version, **kwargs)
+
+    def summary(self, print_fn=None, **kwargs):
+        """The parts and their sizes: backbone, projector, key encoder, bank, online probe."""
+        print_fn = print_fn or print
+
+        def count(variables):
+            return sum(int(np_prod(v.shape)) for v in variables)
+
+        rows = [("backbone", f"{self.backbone.name}: images {tuple(self.backbone.input_shape[1:])}"
+                 f" → features [{self.backbone.output_shape[-1]}]",
+                 count(self.backbone.trainable_weights),
+                 count(self.backbone.non_trainable_weights)),
+                ("projector", f"features → embedding [{self.query_encoder.output_shape[-1]}], "
+                 "L2-normalized", count(self.projector.trainable_weights),
+                 count(self.projector.non_trainable_weights)),
+                ("key encoder", "EMA copy of backbone + projector (not trained)", 0,
+                 count(self.key_encoder.weights)),
+                ("bank", f"K × D = {self.bank.shape[0]:,} × {self.bank.shape[1]} rows, "
+                 f"momentum, FIFO pointer", 0,
+                 count([self.bank, self.bank_velocity, self.bank_pointer]))]
+        if self.online_probe is not None:
+            rows.append(("online probe", f"features → {self.online_probe.output_shape[-1]} "
+                         "classes (evaluation only)", count(self.online_probe.trainable_weights),
+                         count(self.online_probe.non_trainable_weights)))
+        print_fn(f'Model "{self.name}" ({type(self).__name__}, caco.method {self.method})')
+        print_fn(f"{'part':<14}{'what':<64}{'trainable':>12}{'not trained':>13}")
+        for part, what, trainable, fixed in rows:
+            print_fn(f"{part:<14}{what:<64}{trainable:>12,}{fixed:>13,}")
+        total = sum(r[2] for r in rows), sum(r[3] for r in rows)
+        print_fn(f"{'total':<78}{total[0]:>12,}{total[1]:>13,}")
+
+    @property
     def metrics(self):
         bank = [self.bank_norm] if self.uses_bank else []
         bank_lr = [self.bank_lr_tracker] if self.learns_bank else []
@@ -164,6 +267,12 @@ class MomentumEncoderMethod(keras.Model):
         self.optimizer.build(self.query_encoder.trainable_variables)
         if self.online_probe is not None:
             self.probe_optimizer.build(self.online_probe.trainable_variables)
+
+    def compile_from_config(self, config):
+        """What ``keras.models.load_model`` calls to compile a loaded model: this class's own
+        ``compile`` (the optimizer over the query encoder), which Keras skips for a model whose
+        ``compile`` is overridden."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Every variable exists from __init__/compile, so Keras' symbolic build has nothing to
@@ -189,6 +298,7 @@ class MomentumEncoderMethod(keras.Model):
         method_function = self._make_function(self.train_step)
 
         def train_function(iterator):
+            iterator = iter(iterator)  # train_on_batch hands a list of one batch
             logs = None
             for _ in range(self.steps_per_execution):
                 start = time.perf_counter()
@@ -216,9 +326,13 @@ class MomentumEncoderMethod(keras.Model):
 
         The steps gather keys and embeddings from every replica in equal shares, and weigh each
         replica's gradient by 1 / replicas: under a strategy of R replicas every batch must
-        hold a multiple of R images (a dataset batched with ``drop_remainder=True``).
+        hold a multiple of R images (a dataset batched with ``drop_remainder=True``).  A
+        ``tf.data.Dataset`` is used as it comes (its own shuffle), so ``shuffle`` defaults to
+        False for it, sparing Keras' warning that it would ignore ``shuffle=True``.
         """
         check_replica_shares(x, self.distribute_strategy.num_replicas_in_sync)
+        if isinstance(x, tf.data.Dataset) and len(args) < 7:  # shuffle is fit's 8th parameter
+            kwargs.setdefault("shuffle", False)
         return super().fit(x, *args, **kwargs)
 
     def sync_key_encoder(self):

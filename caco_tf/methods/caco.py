@@ -27,6 +27,7 @@ from caco_tf.methods.base import MomentumEncoderMethod, _crops, _views
 from caco_tf.training import distribute
 
 
+@keras.saving.register_keras_serializable(package="caco_tf")
 class CaCo(MomentumEncoderMethod):
     """Cooperative-adversarial contrastive learning (Wang et al., CaCo).
 

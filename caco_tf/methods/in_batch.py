@@ -1,8 +1,11 @@
 """The ablation's "None" row: positive and negatives from the current batch (no bank)."""
 
+import keras
+
 from caco_tf.methods.base import MomentumEncoderMethod
 
 
+@keras.saving.register_keras_serializable(package="caco_tf")
 class InBatch(MomentumEncoderMethod):
     """In-batch InfoNCE with a momentum key encoder: query z¹'s positive is the other view's key
     k² of the same image, its negatives the other images' keys k²_j of the global batch."""

@@ -1,10 +1,12 @@
 """MoCo v2 (symmetrized): the other view's key against a FIFO queue of past keys."""
 
+import keras
 import tensorflow as tf
 
 from caco_tf.methods.base import MomentumEncoderMethod
 
 
+@keras.saving.register_keras_serializable(package="caco_tf")
 class MoCoV2(MomentumEncoderMethod):
     """Query z¹'s positive is the other view's key k²; its negatives every row of a FIFO queue
     of past view-1 keys (the bank, written after each step and never trained)."""

@@ -1,11 +1,13 @@
 """The ablation's "Positive" row (NNCLR-like): a positive from a queue, negatives from the batch."""
 
+import keras
 import tensorflow as tf
 
 from caco_tf import losses
 from caco_tf.methods.base import MomentumEncoderMethod
 
 
+@keras.saving.register_keras_serializable(package="caco_tf")
 class NearestNeighbourPositive(MomentumEncoderMethod):
     """The positive is the nearest neighbour of the other view's key in a FIFO queue of past
     keys (the bank, never trained); the negatives are the global batch's keys."""

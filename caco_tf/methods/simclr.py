@@ -1,5 +1,6 @@
 """SimCLR: NT-Xent over the two views' query embeddings of the batch; no keys, no bank."""
 
+import keras
 import tensorflow as tf
 
 from caco_tf import losses
@@ -7,6 +8,7 @@ from caco_tf.methods.base import MomentumEncoderMethod, replica_offset
 from caco_tf.training import distribute
 
 
+@keras.saving.register_keras_serializable(package="caco_tf")
 class SimCLR(MomentumEncoderMethod):
     """Anchor z¹'s positive is z², the other view's query; its negatives the other 2N-2 queries
     of the global batch.  The key encoder and the bank exist (the shared base builds them) but

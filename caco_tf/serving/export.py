@@ -88,9 +88,9 @@ def _check_statistics(channels, **statistics):
                              f"got {value!r}")
 
 
-def export_backbone(backbone, directory, image_size, channels, mean, std, embedder=None,
-                    model_name="backbone", version=1, crop_fraction=DEFAULT_CROP_FRACTION):
-    """Write the SavedModel (signatures in the module docstring); return its version directory.
+def export_saved_model(backbone, path, image_size, channels, mean, std, embedder=None,
+                       crop_fraction=DEFAULT_CROP_FRACTION):
+    """Write the SavedModel (signatures in the module docstring) at ``path``; return it.
 
     ``mean`` and ``std`` are those of the training normalization, in [0, 1] pixel units.
     """
@@ -127,6 +127,44 @@ def export_backbone(backbone, directory, image_size, channels, mean, std, embedd
             return {"embedding": embedder(normalized(images), training=False)}
         signatures["embed"] = embed
 
-    path = os.path.join(directory, model_name, str(version))
     tf.saved_model.save(_serving_root(signatures.values()), path, signatures=signatures)
     return path
+
+
+def export_backbone(backbone, directory, image_size, channels, mean, std, embedder=None,
+                    model_name="backbone", version=1, crop_fraction=DEFAULT_CROP_FRACTION):
+    """``export_saved_model`` in TF Serving's layout: ``directory/<model_name>/<version>/``
+    (TF Serving's ``--model_base_path`` is ``directory/<model_name>``); returns that path."""
+    return export_saved_model(backbone, os.path.join(directory, model_name, str(version)),
+                              image_size, channels, mean, std, embedder, crop_fraction)
+
+
+FORMATS = ("saved_model", "onnx", "litert")
+
+
+def export_model(model, path, format="saved_model", serving_layout=False, version=1,
+                 output="features"):
+    """Export a method model (``caco_tf.methods``) in ``format``, preprocessing inside, from
+    what the model knows of it (``model.preprocessing``).  ``saved_model`` (also Keras'
+    ``tf_saved_model``): at ``path``, or ``path/backbone/<version>/`` with ``serving_layout``;
+    ``onnx``, ``litert``: one file at ``path`` (``caco_tf.serving.interop``; ``output``:
+    ``features``, or ``embedding``).  Returns the path written."""
+    settings = dict(model.preprocessing)
+    arguments = dict(image_size=settings["image_size"], channels=settings["channels"],
+                     mean=settings["mean"], std=settings["std"])
+    format = "saved_model" if format == "tf_saved_model" else format
+    if format == "saved_model":
+        crop = settings.get("crop_fraction", DEFAULT_CROP_FRACTION)
+        if serving_layout:
+            return export_backbone(model.backbone, path, embedder=model.query_encoder,
+                                   version=version, crop_fraction=crop, **arguments)
+        return export_saved_model(model.backbone, path, embedder=model.query_encoder,
+                                  crop_fraction=crop, **arguments)
+    if format in ("onnx", "litert"):
+        from caco_tf.serving import interop
+
+        network = model.backbone if output == "features" else model.query_encoder
+        write = interop.export_onnx if format == "onnx" else interop.export_litert
+        return write(network, path, output=output, **arguments)
+    raise ValueError(f"format must be one of {', '.join(FORMATS)} (or tf_saved_model), got "
+                     f"{format!r}")

@@ -1,0 +1,111 @@
+"""A CaCo model behaves like any Keras model: save and load (every method, training continuing
+exactly), export, summary, and the README's example running with warnings as errors."""
+
+import os
+import re
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caco_tf import build, methods
+from caco_tf.training.config import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["model.projector_hidden=32", "model.embedding_dim=16", "caco.bank_size=64",
+        "train.batch_size=8", "train.epochs=3", "caco.warmup_epochs=1",
+        "evaluation.online_probe=false"]
+
+
+def _batches(count, seed=0):
+    x = np.random.default_rng(seed).random((count, 8, 28, 28, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, x[:, ::-1]))
+
+
+def _state(model):
+    values = {v.path: v.numpy() for v in model.weights}
+    values.update({f"optimizer/{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)})
+    return values
+
+
+@pytest.mark.parametrize("method", list(methods.METHODS))
+def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
+    keras.utils.set_random_seed(0)
+    config = load_config(None, TINY + [f"caco.method={method}"])
+    model = build.build_model(config, steps_per_epoch=2)
+    model.fit(_batches(3), epochs=1, verbose=0)  # into the method's own phase (step 3 > 2)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded) is type(model)
+    networks = ("backbone", "projector")  # their layers' generated names may differ
+    assert ({k: v for k, v in loaded.get_config().items() if k not in networks}
+            == {k: v for k, v in model.get_config().items() if k not in networks})
+    before, restored = _state(model), _state(loaded)
+    assert before.keys() == restored.keys()
+    for name in before:  # encoders, key encoder, bank, momentum, pointer, optimizer, step
+        np.testing.assert_array_equal(restored[name], before[name], err_msg=name)
+    step = _batches(1, seed=1)
+    model.fit(step, epochs=1, verbose=0)
+    loaded.fit(step, epochs=1, verbose=0)
+    after, continued = _state(model), _state(loaded)
+    for name in after:
+        np.testing.assert_array_equal(continued[name], after[name], err_msg=name)
+    assert int(loaded.optimizer.iterations.numpy()) == 4
+
+
+def test_export_writes_the_serving_saved_model_or_names_the_call(tmp_path):
+    from caco_tf.serving import export
+
+    config = load_config(None, TINY)
+    model = build.build_model(config, steps_per_epoch=2)
+    path = model.export(str(tmp_path / "exported"))
+    served = tf.saved_model.load(path)
+    assert set(served.signatures) == {"serving_default", "serve_bytes", "embed"}
+    images = np.random.default_rng(0).integers(0, 256, (3, 40, 36, 1), dtype=np.uint8)
+    reference = export.export_backbone(model.backbone, str(tmp_path / "reference"), 28, 1,
+                                       0.1307, 0.3081, embedder=model.query_encoder)
+    expected = tf.saved_model.load(reference).signatures["serving_default"](
+        images=tf.constant(images))["features"].numpy()
+    got = served.signatures["serving_default"](images=tf.constant(images))["features"].numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    layout = model.export(str(tmp_path / "serving"), serving_layout=True, version=3)
+    assert layout == str(tmp_path / "serving" / "backbone" / "3")
+    by_hand = methods.CaCo(model.backbone, model.projector, bank_size=64)
+    with pytest.raises(ValueError, match=r"call caco_tf.export_backbone\(model.backbone"):
+        by_hand.export(str(tmp_path / "unknown"))
+
+
+def test_summary_names_the_parts_and_the_bank():
+    config = load_config(None, TINY + ["evaluation.online_probe=true"])
+    model = build.build_model(config, steps_per_epoch=2, num_classes=10)
+    lines = []
+    model.summary(print_fn=lines.append)
+    text = "\n".join(lines)
+    for part in ("backbone", "projector", "key encoder", "bank", "online probe"):
+        assert re.search(rf"^{part} ", text, re.M), part
+    assert "K × D = 64 × 16 rows" in text
+
+
+def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch):
+    """The README's Python example, at tiny sizes: only its configuration line is changed."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    original = 'caco_tf.load_config("configs/mnist.yaml")'
+    assert original in example
+    overrides = TINY + ["train.epochs=2", "train.batch_size=64", "caco.bank_size=256",
+                        "evaluation.knn_monitor_every=0"]
+    example = example.replace(original, f"caco_tf.load_config("
+                                        f"{os.path.join(ROOT, 'configs', 'mnist.yaml')!r}, "
+                                        f"{overrides!r})")
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # Python shows DeprecationWarnings only to __main__'s own code, not a user's: Keras'
+        # saving raises one of NumPy 2's from its own internals.
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        exec(compile(example, "README.md", "exec"), {})
+    assert os.path.exists(tmp_path / "caco.keras")
+    assert os.path.exists(tmp_path / "backbone" / "saved_model.pb")
