@@ -88,7 +88,7 @@ def knn(backbone, labelled, preprocessing, k, temperature, batch_size=500):
 
 
 def default_json_path(run_dir, protocol, spec, pixels):
-    """RUN/eval_<protocol>[_pixels][_<data>].json, or None without a run folder."""
+    """``RUN/eval_<protocol>[_pixels][_<data>].json``, or None without a run folder."""
     if run_dir is None:
         return None
     if str(run_dir).endswith(".keras"):  # a saved model: its folder

@@ -53,6 +53,9 @@ class CaCo(MomentumEncoderMethod):
 
     # ------------------------------------------------------------------ the algorithm
     def train_step(self, data):
+        """One step of the paper's algorithm (module docstring): keys and queries; from the
+        pre-step bank the MPPs, the loss, its gradient and the bank's cooperative-adversarial
+        step; the encoder's descent; the key encoder's EMA."""
         if self.multi_crop:
             return self.multicrop_train_step(data)
         view1, view2 = _views(data)
