@@ -171,8 +171,33 @@ def section(rows, args, seconds):
             f"| {row['images']:,} | {'every image (before)' if row['unbounded'] else 'bounded'} "
             f"| {row['seconds']:.1f} | {row['peak_gb']:.2f} | {epoch:.0f} | {100 * share:.1f} % "
             f"| {100 * share / settings['knn_monitor_every']:.2f} % |")
-    lines += ["", END]
+    lines += ["", *imagenet_computation(settings), "", END]
     return "\n".join(lines) + "\n"
+
+
+def imagenet_computation(settings):
+    """The same costs written out for ImageNet-1k with ResNet-50 at 224 px (no GPU here)."""
+    forward = 4.1e9 * 2  # FLOPs of one ResNet-50 forward at 224 px (4.1 G multiply-adds)
+    images, width = 1_281_167, 2048
+    monitor_images = settings["knn_train_images"] + settings["knn_test_images"]
+    # An epoch: two views, each a query forward + backward (about 3 forwards) and a key forward.
+    epoch = images * 2 * 4 * forward
+    monitor = monitor_images * forward
+    every = settings["knn_monitor_every"]
+    return [
+        f"ImageNet-1k on 8 GPUs, ResNet-50 at 224 px (computed, not measured): an epoch is "
+        f"{images:,} images × 2 views × (a query forward and backward ≈ 3 forwards, and a key "
+        f"forward) × {forward / 1e9:.1f} GFLOP ≈ {epoch / 1e15:.0f} PFLOP. One bounded "
+        f"measurement is {monitor_images:,} forwards ≈ {monitor / 1e15:.2f} PFLOP, split over "
+        f"the 8 replicas like the training step: **{100 * monitor / epoch:.2f} % of an epoch**, "
+        f"{100 * monitor / epoch / every:.2f} % amortized at every {every} epochs (the kNN "
+        f"itself, {settings['knn_test_images']:,} × {settings['knn_train_images']:,} × {width} "
+        f"multiply-adds ≈ {2 * settings['knn_test_images'] * settings['knn_train_images'] * width / 1e12:.0f} "
+        f"TFLOP, is negligible). Features held: {monitor_images:,} × {width} × 4 B = "
+        f"{monitor_images * width * 4 / 1e6:.0f} MB, against {images * width * 4 / 1e9:.1f} GB "
+        f"for every training image (the monitor before), which the chief alone computed "
+        f"({images * forward / 1e15:.1f} PFLOP on one GPU ≈ {100 * images * forward / epoch * 8:.0f} % "
+        f"of an 8-GPU epoch's wall time)."]
 
 
 if __name__ == "__main__":

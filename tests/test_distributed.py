@@ -186,8 +186,8 @@ def test_multiworker_run_survives_a_lost_worker(tmp_path):
     assert results["replicas"] == 2 and results["knn_top1"] > 50.0
     # Only the chief wrote, and only into the run folder's known places.
     assert sorted(os.listdir(run_dir)) == ["backup", "checkpoints", "config.yaml",
-                                           "history.json", "results.json", "saved_model",
-                                           "tensorboard"]
+                                           "history.json", "model.keras", "results.json",
+                                           "saved_model", "tensorboard"]
     assert os.path.isdir(os.path.join(run_dir, "saved_model", "backbone", "1"))
     with open(os.path.join(logs, "worker1-2.log")) as handle:
         assert "run folder:" not in handle.read()  # the chief alone reports

@@ -68,7 +68,7 @@ def test_transfer_to_a_tfds_dataset_by_name(run_dir, capsys, tmp_path):
     # CIFAR-10 is 32×32 RGB; the run's backbone takes 28×28 grayscale: converted on the way.
     out_json = tmp_path / "cifar.json"
     status, out, err = cli(capsys, "linear", "--run", run_dir, "--data", "tfds:cifar10",
-                           "--epochs", "2", "--json", str(out_json))
+                           "--epochs", "2", "--l2", "0", "--json", str(out_json))
     assert status == 0, err
     result = json.load(open(out_json))
     assert result["data"] == "tfds:cifar10" and result["classes"] == 10

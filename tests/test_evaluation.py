@@ -230,16 +230,16 @@ def test_pretraining_saves_precise_batchnorm_statistics(tmp_path):
         assert recalibrate_batchnorm(run.model.backbone, every_other) == 24
     for layer, variance in zip(norms, saved):
         np.testing.assert_allclose(layer.moving_variance.numpy(), variance, rtol=1e-4)
-    with pytest.raises(ConfigError, match="precise_bn_images must be 0"):
+    with pytest.raises(ConfigError, match="train.precise_bn_images must be an integer >= 0, got -1"):
         load_config(None, ["train.precise_bn_images=-1"])
 
 
 def test_monitor_settings_are_checked():
     from caco_tf.training.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="knn_monitor_every must be 0"):
+    with pytest.raises(ConfigError, match="evaluation.knn_monitor_every must be an integer >= 0, got -1"):
         load_config(None, ["evaluation.knn_monitor_every=-1"])
-    with pytest.raises(ConfigError, match="knn_monitor_k must be positive"):
+    with pytest.raises(ConfigError, match="evaluation.knn_monitor_k must be an integer >= 1, got 0"):
         load_config(None, ["evaluation.knn_monitor_k=0"])
 
 

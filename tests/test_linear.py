@@ -93,7 +93,7 @@ def test_linear_protocol_separates_separable_classes():
     preprocessing = linear.Preprocessing(6, 1, 0.0, 1.0)
     result = linear.linear_evaluation(linear.pixels_backbone(preprocessing), train, test, 8,
                                       preprocessing, epochs=30, batch_size=32,
-                                      learning_rate=0.1)
+                                      learning_rate=0.1, l2=0.0)
     assert result["top1"] == 100.0 and result["top5"] == 100.0
     assert (result["train_images"], result["test_images"]) == (120, 60)
     assert result["path"] == "cached features"
@@ -106,7 +106,7 @@ def test_labels_carrying_no_signal_stay_near_chance_on_held_out_data():
     test = data.ArraySource(images[150:], rng.integers(0, 10, 50))
     preprocessing = linear.Preprocessing(6, 1, 0.0, 1.0)
     result = linear.linear_evaluation(linear.pixels_backbone(preprocessing), train, test, 10,
-                                      preprocessing, epochs=20, batch_size=50)
+                                      preprocessing, epochs=20, batch_size=50, l2=0.0)
     assert result["top1"] < 40.0
     assert result["top1"] <= result["top5"]
 
@@ -132,7 +132,7 @@ def test_backbone_stays_frozen(augment):
     source = data.ArraySource(data.convert_array_channels(images, 1), rng.integers(0, 3, 40))
     preprocessing = linear.Preprocessing(8, 1, 0.5, 0.25)
     result = linear.linear_evaluation(backbone, source, source, 3, preprocessing, epochs=2,
-                                      batch_size=16, augment=augment)
+                                      batch_size=16, augment=augment, l2=0.0)
     for old, new in zip(before, backbone.weights):
         np.testing.assert_array_equal(old, new.numpy())
     assert backbone.trainable  # restored
@@ -227,5 +227,5 @@ def test_raw_pixels_on_real_digits_learn():
     test = data.ArraySource(*(part[:500] for part in split["test"]))
     preprocessing = linear.Preprocessing(28, 1, 0.0, 1.0)
     result = linear.linear_evaluation(linear.pixels_backbone(preprocessing), train, test, 10,
-                                      preprocessing, epochs=20)
+                                      preprocessing, epochs=20, l2=0.0)
     assert result["top1"] > 80.0 and result["top5"] > 95.0
