@@ -321,7 +321,7 @@ def test_views_match_the_numpy_reference_for_several_images_and_seeds(jit_compil
     asymmetric = augment.AsymmetricViews(size=32)
     multicrop = augment.MultiCropViews(size=32, local_size=12, local_crops=2)
     checked = set()
-    for number in range(4):
+    for number in range(2):  # one image of each shape
         shape = (48, 40, 3) if number % 2 else (40, 56, 3)
         image = tf.constant(rng.integers(0, 256, shape), tf.uint8)
         for views in (asymmetric, multicrop):

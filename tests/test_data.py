@@ -387,7 +387,9 @@ def test_labelled_file_batches_keep_views_labels_and_skipped_files(tmp_path):
         if not with_labels:
             plain = batches
     got = assert_same_batches(plain, batches, classes=3)
-    assert counts[0] == counts[1] > 0  # the truncated file: skipped and counted alike
+    # The truncated file is skipped and counted in both (how many passes the prefetch has read
+    # ahead when take(8) stops depends on the machine's load, so the totals are not compared).
+    assert counts[0] > 0 and counts[1] > 0
     for (view1, _), batch_labels in zip(plain, got):
         numbers = np.round(view1.numpy()[:, 0, 0, 0]).astype(int)
         np.testing.assert_array_equal(batch_labels, [labels[n] for n in numbers])

@@ -133,7 +133,7 @@ def _launch(index, ports, run_dir, log_dir, attempt):
                "--set", "train.epochs=2", "--set", "caco.warmup_epochs=1",
                "--set", "train.batch_size=512", "--set", "caco.bank_size=1024",
                "--set", "model.widths=[16,32,64,128]", "--set", "model.projector_hidden=256",
-               "--run-dir", run_dir, "--quiet"]
+               "--set", "train.jit_compile=false", "--run-dir", run_dir, "--quiet"]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 

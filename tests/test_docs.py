@@ -31,4 +31,4 @@ def test_the_readme_is_short_and_keeps_its_two_commands():
     assert ("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
             "python train.py") in readme
     assert ('python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && '
-            "python -m pytest -q") in readme
+            "python -m pytest -q -n 2") in readme

@@ -106,8 +106,9 @@ def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch)
     example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     original = 'caco_tf.load_config("configs/mnist.yaml")'
     assert original in example
-    overrides = TINY + ["train.epochs=2", "train.batch_size=64", "caco.bank_size=256",
-                        "evaluation.knn_monitor_every=0"]
+    overrides = TINY + ["train.epochs=2", "train.batch_size=128", "caco.bank_size=256",
+                        "evaluation.knn_monitor_every=0", "train.jit_compile=false",
+                        "model.widths=[8,16,16,32]"]
     example = example.replace(original, f"caco_tf.load_config("
                                         f"{os.path.join(ROOT, 'configs', 'mnist.yaml')!r}, "
                                         f"{overrides!r})")
