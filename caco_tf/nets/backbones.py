@@ -185,16 +185,19 @@ def _input(input_shape: Tuple[int, int, int]):
     return keras.Input(shape=tuple(input_shape), dtype="float32", name="images")
 
 
-def _build_resnet50(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
-    """torchvision ResNet-50 without ``fc``: 23,508,032 parameters, F = 2048."""
-    inputs = _input(input_shape)
-    # Stem: 7x7/2 conv (pad 3) -> BN -> ReLU -> 3x3/2 max-pool (pad 1).
+def _imagenet_stem(inputs, sync: bool):
+    """torchvision's ImageNet stem: 7x7/2 conv (pad 3) -> BN -> ReLU -> 3x3/2 max-pool (pad 1)."""
     x = _conv_bn(inputs, 64, 7, 2, "conv1", "bn1", sync)
     # torch pads the max-pool with -inf; after ReLU all values are >= 0, so
     # zero padding yields the same maxima.
     x = layers.ZeroPadding2D(padding=1, name="maxpool_pad")(x)
-    x = layers.MaxPooling2D(pool_size=3, strides=2, padding="valid", name="maxpool")(x)
-    x = _resnet_stages(x, _bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], sync)
+    return layers.MaxPooling2D(pool_size=3, strides=2, padding="valid", name="maxpool")(x)
+
+
+def _build_resnet50(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
+    """torchvision ResNet-50 without ``fc``: 23,508,032 parameters, F = 2048."""
+    inputs = _input(input_shape)
+    x = _resnet_stages(_imagenet_stem(inputs, sync), _bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], sync)
     return keras.Model(inputs, _pool(x, pool_grid), name="resnet50")
 
 
@@ -202,10 +205,7 @@ def _build_resnet18(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
     """torchvision ResNet-18 without ``fc`` (ImageNet stem: 7x7/2 conv, 3x3/2 max-pool),
     F = 512: for images of 64 px and more (a 96 px input ends at 3x3)."""
     inputs = _input(input_shape)
-    x = _conv_bn(inputs, 64, 7, 2, "conv1", "bn1", sync)
-    x = layers.ZeroPadding2D(padding=1, name="maxpool_pad")(x)
-    x = layers.MaxPooling2D(pool_size=3, strides=2, padding="valid", name="maxpool")(x)
-    x = _resnet_stages(x, _basic_block, [2, 2, 2, 2], [64, 128, 256, 512], sync)
+    x = _resnet_stages(_imagenet_stem(inputs, sync), _basic_block, [2, 2, 2, 2], [64, 128, 256, 512], sync)
     return keras.Model(inputs, _pool(x, pool_grid), name="resnet18")
 
 
