@@ -30,7 +30,6 @@ import _report  # noqa: E402
 
 BEGIN, END = "<!-- export_formats:begin -->", "<!-- export_formats:end -->"
 TITLE = "## Serving throughput by export format (`benchmarks/export_formats.py`)"
-IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 def runners(name, folder, threads):
@@ -38,6 +37,7 @@ def runners(name, folder, threads):
     import tensorflow as tf
 
     from caco_tf import build
+    from caco_tf.data import augment
     from caco_tf.nets import backbones
     from caco_tf.serving import export, interop
     from caco_tf.training.config import load_config
@@ -50,7 +50,8 @@ def runners(name, folder, threads):
                                                    std=model.preprocessing["std"])
     else:
         backbone = backbones.build_backbone("resnet50", (224, 224, 3))
-        arguments = dict(image_size=224, channels=3, mean=IMAGENET[0], std=IMAGENET[1])
+        arguments = dict(image_size=224, channels=3, mean=augment.IMAGENET_MEAN,
+                         std=augment.IMAGENET_STD)
     saved = tf.saved_model.load(export.export_saved_model(
         backbone, os.path.join(folder, f"{name}_saved"), **arguments)).signatures[
         "serving_default"]

@@ -15,12 +15,12 @@ pytest.importorskip("ai_edge_litert", reason="the interop extra is absent: pip i
                                              "'.[interop]'")
 
 from caco_tf import build  # noqa: E402
+from caco_tf.data import augment  # noqa: E402
 from caco_tf.nets import backbones  # noqa: E402
 from caco_tf.serving import export, interop  # noqa: E402
 from caco_tf.training.config import load_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 def _relative(got, expected):
@@ -78,7 +78,8 @@ def test_a_request_of_the_wrong_dtype_or_rank_is_refused(default_model):
 
 def test_a_resnet50_at_224_px_gives_the_saved_models_features(tmp_path):
     backbone = backbones.build_backbone("resnet50", (224, 224, 3))
-    arguments = dict(image_size=224, channels=3, mean=IMAGENET[0], std=IMAGENET[1])
+    arguments = dict(image_size=224, channels=3, mean=augment.IMAGENET_MEAN,
+                     std=augment.IMAGENET_STD)
     saved = export.export_saved_model(backbone, str(tmp_path / "saved"), **arguments)
     onnx = interop.export_onnx(backbone, str(tmp_path / "r50.onnx"), **arguments)
     litert = interop.export_litert(backbone, str(tmp_path / "r50.tflite"), **arguments)

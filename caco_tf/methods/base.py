@@ -20,6 +20,7 @@ Before the method's own steps, methods with a bank run a MoCo-style warm-up pass
 embeddings, as the CaCo reference does; the key encoder is then re-synced to the query encoder.
 """
 
+import math
 import time
 
 import keras
@@ -38,13 +39,6 @@ def build_encoder(backbone, projector, name):
     embedding = keras.layers.UnitNormalization(name="l2_normalize", dtype="float32")(
         projector(backbone(inputs)))
     return keras.Model(inputs, embedding, name=name)
-
-
-def np_prod(shape):
-    product = 1
-    for side in shape:
-        product *= int(side)
-    return product
 
 
 def _as_schedule(value):
@@ -227,7 +221,7 @@ class MomentumEncoderMethod(keras.Model):
         print_fn = print_fn or print
 
         def count(variables):
-            return sum(int(np_prod(v.shape)) for v in variables)
+            return sum(math.prod(int(side) for side in v.shape) for v in variables)
 
         rows = [("backbone", f"{self.backbone.name}: images {tuple(self.backbone.input_shape[1:])}"
                  f" → features [{self.backbone.output_shape[-1]}]",

@@ -5,11 +5,11 @@ checks the two agree).  Plain Python: a configuration is checked before anything
 # (kernel, stride, padding) of every layer that changes the map's size, in order.
 _RESNET_STEM = [(7, 2, 3), (3, 2, 1)]        # conv1, max-pool
 _RESNET_STAGES = [(3, 2, 1)] * 3             # the first 3x3 conv of stages 2, 3 and 4
-DOWNSAMPLING = {
-    "resnet50": _RESNET_STEM + _RESNET_STAGES,
-    "resnet18": _RESNET_STEM + _RESNET_STAGES,
-    "cifar_resnet18": [(3, 1, 1)] + _RESNET_STAGES,
+DOWNSAMPLING = {  # every backbone ``backbones`` builds (the configuration's choices)
     "small_convnet": [(3, 1, 1), (3, 2, 1), (3, 2, 1), (3, 2, 1)],
+    "cifar_resnet18": [(3, 1, 1)] + _RESNET_STAGES,
+    "resnet18": _RESNET_STEM + _RESNET_STAGES,
+    "resnet50": _RESNET_STEM + _RESNET_STAGES,
 }
 
 

@@ -24,11 +24,10 @@ import re
 import keras
 import numpy as np
 
+# The authors' input normalization (torchvision ``Normalize``) is the views' own.
+from caco_tf.data.augment import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401
 from caco_tf.errors import CheckpointError
 
-#: The authors' input normalization (torchvision ``Normalize``), in [0, 1] pixel units.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 #: torch's BatchNorm eps (the checkpoint does not store it; the reference uses the default).
 TORCH_BN_EPSILON = 1e-5
 #: Training-set sizes of the data sources the published checkpoints were trained on.

@@ -9,6 +9,7 @@ import copy
 import yaml
 
 from caco_tf.errors import ConfigError
+from caco_tf.nets.sizes import DOWNSAMPLING, feature_map_size, smallest_image
 
 __all__ = ["DEFAULTS", "ConfigError", "changed_settings", "load_config", "parse_assignment"]
 
@@ -277,7 +278,7 @@ def _source(value, held_out=False):
         kind in ("npz", "folder", "tfrecord", "tfds") and bool(rest))
 
 
-BACKBONES = ("small_convnet", "cifar_resnet18", "resnet18", "resnet50")
+BACKBONES = tuple(DOWNSAMPLING)
 VIEWS = ("digits", "asymmetric", "cifar", "imagenet", "multicrop")
 
 # Every key of DEFAULTS: what it accepts.  A test checks that none is missing.
@@ -448,7 +449,6 @@ def _validate(config):
 def _check_image_sizes(data, model):
     """Images too small for the backbone's downsampling are refused before anything is built:
     the last feature map must hold the ``model.pool_grid`` cells."""
-    from caco_tf.nets.sizes import feature_map_size, smallest_image
 
     sizes = [("data.image_size", data["image_size"])]
     if data["views"] == "multicrop":
