@@ -19,7 +19,8 @@ from caco_tf import losses
 
 
 # XLA fuses the element-wise passes over the K×D bank (normalization and its backward pass, the
-# momentum update) that otherwise each read and write it in full; see README "Performance".
+# momentum update) that otherwise each read and write it in full (docs/equations.md, "The tiled
+# training form").
 @tf.function(jit_compile=True)
 def cooperative_adversarial_gradient(queries, bank, positive_index, temperature, views=1):
     """The sign-flipped CaCo gradient for the raw bank rows: a batch mean per view, views summed.
@@ -103,8 +104,8 @@ def adversarial_negative_gradient(queries, keys, bank, temperature):
 # ``tiled_caco_update`` (or ``tiled_caco_gradient`` under several replicas, whose gradients must
 # be averaged before the momentum step).  Normalizing a tile, its products with the batch, the
 # normalization's backward pass and the momentum update all run while the tile is in cache,
-# instead of a dozen passes over K×D arrays; see README "Performance".  Tests check both passes
-# against the closed forms and the functions above.
+# instead of a dozen passes over K×D arrays (docs/equations.md, "The tiled training form").
+# Tests check both passes against the closed forms and the functions above.
 
 BankStatistics = collections.namedtuple("BankStatistics", [
     "positive_index",        # [N] j+ = argmax_j k·b̂_j, the Most Probable Positive (eq. max_prob)

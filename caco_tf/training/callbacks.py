@@ -184,7 +184,7 @@ class Throughput(keras.callbacks.Callback):
         logs["data_wait"] = min(1.0, getattr(self.model, "input_wait", 0.0) / elapsed)
 
 
-# Collapse thresholds (documented in the README's "Health without labels"), measured on the
+# Collapse thresholds (documented in docs/health.md), measured on the
 # offline digits (validation split): healthy runs kept uniformity at -0.44 or below, a run whose
 # warm-up was too short bunched its embeddings to -0.02...-0.08 within an epoch of the resync.
 COLLAPSE_USAGE = 0.02        # distinct MPP rows / min(K, MPP assignments of the epoch)

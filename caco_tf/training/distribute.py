@@ -98,7 +98,7 @@ def make_strategy(name="auto"):
     if name == "multiworker":
         if "TF_CONFIG" not in os.environ:
             raise ConfigError("distribute.strategy multiworker needs TF_CONFIG (cluster and "
-                              "this worker's task); see README 'Several machines'")
+                              "this worker's task); see docs/distributed.md")
         return tf.distribute.MultiWorkerMirroredStrategy()
     raise ConfigError(f"unknown distribute.strategy {name!r}")
 
