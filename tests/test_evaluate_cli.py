@@ -79,9 +79,11 @@ def test_transfer_to_a_tfds_dataset_by_name(run_dir, capsys, tmp_path):
 def test_default_json_name_names_the_data():
     assert protocols.default_json_path("R", "linear", "tfds:cifar10", False) == os.path.join(
         "R", "eval_linear_tfds_cifar10.json")
-    assert protocols.default_json_path("R", "knn", None, True) == os.path.join(
+    assert protocols.default_json_path("R", "knn", None, "pixels") == os.path.join(
         "R", "eval_knn_pixels.json")
-    assert protocols.default_json_path(None, "knn", None, True) is None
+    assert protocols.default_json_path("R", "knn", "folder:x", "untrained") == os.path.join(
+        "R", "eval_knn_untrained_folder_x.json")
+    assert protocols.default_json_path(None, "knn", None, "pixels") is None
 
 
 def test_raw_pixel_baseline_needs_no_run(capsys, tmp_path):
@@ -103,10 +105,32 @@ def test_raw_pixel_baseline_needs_no_run(capsys, tmp_path):
     assert result["top1"] == pytest.approx(100.0 * np.mean(train_y[nearest] == test_y))
 
 
+def test_untrained_baseline_is_the_runs_network_before_training(run_dir, capsys):
+    status, out, err = cli(capsys, "knn", "--run", run_dir, "--untrained", "--seed", "3")
+    assert status == 0, err
+    result = json.load(open(os.path.join(run_dir, "eval_knn_untrained.json")))
+    assert result["encoder"].startswith("untrained small_convnet (seed 3) of ")
+    run = build.load_run(run_dir)
+    fresh = protocols.untrained_backbone(run.config, 3)
+    trained, again = run.model.backbone.get_weights(), fresh.get_weights()
+    assert [w.shape for w in trained] == [w.shape for w in again]  # the same network...
+    assert any(not np.allclose(a, b) for a, b in zip(trained, again))  # ...not its weights
+    # Seeded as train.seed seeds the build: seed 0 is the tiny run's own initial network.
+    assert all(np.array_equal(a, b) for a, b in
+               zip(trained, protocols.untrained_backbone(run.config, 0).get_weights()))
+    with tfds.testing.mock_data(num_examples=EXAMPLES):
+        labelled = protocols.load_labelled_data(None, run.config)
+        expected = protocols.knn(fresh, labelled, protocols.preprocessing_for(run.config), 3,
+                                 0.07)
+    assert result["top1"] == pytest.approx(expected["top1"])
+
+
 @pytest.mark.parametrize("args, message", [
     (["linear"], "error: --run RUN_DIR is required"),
     (["knn", "--run", "/no/such/run"], "error: no config.yaml in /no/such/run"),
     (["linear", "--pixels", "--epochs", "0"], "error: --epochs must be positive"),
+    (["knn", "--untrained"], "error: --run RUN_DIR is required"),
+    (["knn", "--pixels", "--untrained"], "error: --pixels and --untrained are two baselines"),
     (["knn", "--pixels", "--data", "tfds:no_such_dataset_xyz"], "error: unknown TFDS data set"),
     (["knn", "--pixels", "--data", "bogus"], "error: unknown data source 'bogus'"),
     (["linear", "--pixels", "--l2", "-1"], "error: --l2 must be auto or a number >= 0"),

@@ -5,11 +5,12 @@
                          [--epochs 100] [--lr 0.03] [--l2 auto|λ]
                          [--augment none|imagenet|digits] ...
     caco-evaluate linear --pixels [--data mnist]      # raw-pixel baseline
+    caco-evaluate knn    --run RUN_DIR --untrained    # the run's network, not trained
 
 SOURCE: nothing (the run's own training images against its held-out split) or the user's own
 labelled images (transfer), with ``--held-out SOURCE`` where ``--data`` has no held-out split of
 its own (``caco_tf.evaluation.protocols``).  Prints a table and writes the
-numbers as JSON into the run folder (``eval_<protocol>[_pixels][_<data>].json``) or to
+numbers as JSON into the run folder (``eval_<protocol>[_pixels|_untrained][_<data>].json``) or to
 ``--json``.  The last line is ``kNN top-1: NN.N%`` or ``linear top-1: NN.N%``.
 """
 
@@ -42,6 +43,9 @@ def parse_args(argv):
     parser.add_argument("--json", help="output JSON (default: RUN/eval_<protocol>[...].json)")
     parser.add_argument("--pixels", action="store_true",
                         help="raw pixels instead of the backbone (baseline; --run optional)")
+    parser.add_argument("--untrained", action="store_true",
+                        help="the run's backbone with fresh weights seeded by --seed, as "
+                             "before its first step (baseline: what pre-training added)")
     parser.add_argument("--seed", type=int, default=0)
     cli.verbose_argument(parser, "one line per training epoch, and TensorFlow's start-up lines")
     knn_group = parser.add_argument_group("knn")
@@ -84,7 +88,7 @@ def main(argv=None):
         result = protocols.evaluate(args)
         print(protocols.format_table(result))
         path = args.json or protocols.default_json_path(args.run, args.protocol, args.data,
-                                                        args.pixels)
+                                                        protocols.baseline_name(args))
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "w") as handle:

@@ -14,9 +14,11 @@ import collections
 import os
 import re
 
+import keras
+
 from caco_tf import data
 from caco_tf.data.sources import HELD_OUT_SOURCES
-from caco_tf.build import build_views, load_data, load_run
+from caco_tf.build import build_model, build_views, load_data, load_run
 from caco_tf.evaluation import knn as knn_lib
 from caco_tf.evaluation import linear
 from caco_tf.training.config import DEFAULTS, RULES, ConfigError
@@ -87,14 +89,28 @@ def knn(backbone, labelled, preprocessing, k, temperature, batch_size=500):
             "k": int(k), "temperature": float(temperature)}
 
 
-def default_json_path(run_dir, protocol, spec, pixels):
-    """``RUN/eval_<protocol>[_pixels][_<data>].json``, or None without a run folder."""
+def default_json_path(run_dir, protocol, spec, baseline=""):
+    """``RUN/eval_<protocol>[_<baseline>][_<data>].json`` (baseline: "", "pixels" or
+    "untrained"), or None without a run folder."""
     if run_dir is None:
         return None
     if str(run_dir).endswith(".keras"):  # a saved model: its folder
         run_dir = os.path.dirname(os.path.abspath(run_dir))
     suffix = "" if spec is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", spec)
-    return os.path.join(run_dir, f"eval_{protocol}{'_pixels' if pixels else ''}{suffix}.json")
+    baseline = f"_{baseline}" if baseline else ""
+    return os.path.join(run_dir, f"eval_{protocol}{baseline}{suffix}.json")
+
+
+def baseline_name(args):
+    """"pixels", "untrained" or "" (the run's trained backbone), from the CLI's flags."""
+    return "pixels" if args.pixels else "untrained" if getattr(args, "untrained", False) else ""
+
+
+def untrained_backbone(config, seed):
+    """The run's backbone as ``train.py`` builds it before its first step (weights seeded by
+    ``seed`` as ``train.seed`` seeds them): the baseline that shows what pre-training added."""
+    keras.utils.set_random_seed(seed)
+    return build_model(config, steps_per_epoch=1).backbone
 
 
 def format_table(result):
@@ -133,8 +149,11 @@ def l2_setting(text, augment):
 
 def evaluate(args):
     """Run the protocol ``args`` ask for; returns the result dict (also what the JSON holds)."""
+    untrained = getattr(args, "untrained", False)
     if args.run is None and not args.pixels:
         raise ConfigError("--run RUN_DIR is required (or --pixels for the raw-pixel baseline)")
+    if args.pixels and untrained:
+        raise ConfigError("--pixels and --untrained are two baselines: choose one")
     for name in ("epochs", "batch_size", "k", "temperature", "lr"):
         value = getattr(args, name)
         if value is not None and value <= 0:
@@ -150,7 +169,12 @@ def evaluate(args):
     config = run.config if run else DEFAULTS
     labelled = load_labelled_data(args.data, config, getattr(args, "held_out", None))
     preprocessing = preprocessing_for(config, pixels=args.pixels)
-    backbone = linear.pixels_backbone(preprocessing) if args.pixels else run.model.backbone
+    if args.pixels:
+        backbone = linear.pixels_backbone(preprocessing)
+    elif untrained:
+        backbone = untrained_backbone(config, args.seed)
+    else:
+        backbone = run.model.backbone
     if args.protocol == "knn":
         result = knn(backbone, labelled, preprocessing,
                      args.k or config["evaluation"]["knn_k"],
@@ -163,7 +187,9 @@ def evaluate(args):
             momentum=args.momentum, weight_decay=args.weight_decay, augment=args.augment,
             batchnorm=not args.no_standardize, seed=args.seed,
             verbose=2 if args.verbose else 0, l2=l2, l2_folds=args.l2_folds)
-    encoder = "raw pixels" if args.pixels else os.path.abspath(args.run)
+    encoder = ("raw pixels" if args.pixels else
+               f"untrained {config['model']['backbone']} (seed {args.seed}) of "
+               f"{os.path.abspath(args.run)}" if untrained else os.path.abspath(args.run))
     return {"protocol": args.protocol, "encoder": encoder, "data": labelled.name,
             "classes": labelled.num_classes, **result}
 
