@@ -1,5 +1,7 @@
 """Health without labels: the metrics against closed forms on constructed embeddings, the
-collapse rule, and a NaN loss stopping a run while its last good state stays."""
+collapse rule (judged after the warm-up), and a NaN loss stopping a run while its last good state stays."""
+
+import types
 
 import numpy as np
 import pytest
@@ -96,3 +98,46 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_
     restored.load_weights(backup.weights)
     assert np.isfinite(restored.bank.numpy()).all()
     assert int(restored.optimizer.iterations.numpy()) == 3
+
+
+class _Run:
+    """What HealthMonitor reads of a model: its warm-up length and step counter."""
+
+    def __init__(self, warmup_steps):
+        self.warmup_steps, self.unhealthy, self.stop_training = warmup_steps, None, False
+        self.optimizer = types.SimpleNamespace(iterations=tf.Variable(0, dtype=tf.int64))
+
+
+def test_the_collapse_rule_judges_the_epochs_after_the_warm_up(caplog):
+    run = _Run(warmup_steps=20)  # 10 steps an epoch: epochs 1 and 2 are the warm-up
+    guard = callbacks.HealthMonitor(stop_on_collapse=True)
+    guard.set_model(run)
+    bunched, spread = {"uniformity": -0.05}, {"uniformity": -0.9}
+    epochs = []
+    for epoch, logs in enumerate([bunched, bunched, spread, bunched, bunched]):
+        run.optimizer.iterations.assign(10 * (epoch + 1))
+        guard.on_epoch_end(epoch, dict(logs))
+        epochs.append((run.unhealthy, run.stop_training))
+        if run.stop_training:
+            break
+    # The warm-up's bunched epochs pass (recorded, not judged); the first bunched epoch after
+    # it warns once and, with stop_on_collapse, stops the run there.
+    assert epochs[:3] == [(None, False)] * 3
+    assert epochs[3] == ("a collapse after epoch 4 (the embeddings bunch together (uniformity "
+                         "-0.050, above -0.2))", True)
+    assert len(epochs) == 4
+    warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: collapse after epoch 4: ")
+
+
+def test_without_a_warm_up_the_first_epoch_is_judged(caplog):
+    run = _Run(warmup_steps=0)
+    guard = callbacks.HealthMonitor()  # warns, does not stop
+    guard.set_model(run)
+    for epoch in range(2):
+        run.optimizer.iterations.assign(10 * (epoch + 1))
+        guard.on_epoch_end(epoch, {"rank_embedding": 1.2})
+    assert run.unhealthy is None and not run.stop_training
+    warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
+    assert warnings == [warnings[0]] and "after epoch 1: the embeddings' effective rank is 1.20" \
+        in warnings[0]
