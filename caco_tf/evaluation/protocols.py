@@ -170,11 +170,13 @@ def evaluate(args):
     labelled = load_labelled_data(args.data, config, getattr(args, "held_out", None))
     preprocessing = preprocessing_for(config, pixels=args.pixels)
     if args.pixels:
-        backbone = linear.pixels_backbone(preprocessing)
+        backbone, encoder = linear.pixels_backbone(preprocessing), "raw pixels"
     elif untrained:
         backbone = untrained_backbone(config, args.seed)
+        encoder = (f"untrained {config['model']['backbone']} (seed {args.seed}) of "
+                   f"{os.path.abspath(args.run)}")
     else:
-        backbone = run.model.backbone
+        backbone, encoder = run.model.backbone, os.path.abspath(args.run)
     if args.protocol == "knn":
         result = knn(backbone, labelled, preprocessing,
                      args.k or config["evaluation"]["knn_k"],
@@ -187,9 +189,6 @@ def evaluate(args):
             momentum=args.momentum, weight_decay=args.weight_decay, augment=args.augment,
             batchnorm=not args.no_standardize, seed=args.seed,
             verbose=2 if args.verbose else 0, l2=l2, l2_folds=args.l2_folds)
-    encoder = ("raw pixels" if args.pixels else
-               f"untrained {config['model']['backbone']} (seed {args.seed}) of "
-               f"{os.path.abspath(args.run)}" if untrained else os.path.abspath(args.run))
     return {"protocol": args.protocol, "encoder": encoder, "data": labelled.name,
             "classes": labelled.num_classes, **result}
 
