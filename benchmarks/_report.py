@@ -1,6 +1,8 @@
 """What the benchmark scripts share: the machine's core count and their BENCHMARKS.md section."""
 
+import functools
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -55,7 +57,7 @@ def measured_clock_mhz(repeats=3):
     """The clock (MHz) one busy core runs at, from a timed chain of 1.6 G dependent adds (the
     best of ``repeats``); None without a C compiler or on another architecture."""
     compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or os.uname().machine not in ("x86_64", "AMD64"):
+    if compiler is None or platform.machine() not in ("x86_64", "AMD64"):
         return None
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -71,6 +73,7 @@ def measured_clock_mhz(repeats=3):
         return None
 
 
+@functools.lru_cache(maxsize=None)  # one clock measurement per process, however many rows ask
 def theoretical_peak():
     """This machine's theoretical float32 peak from /proc/cpuinfo, and how it was worked out:
     cores × clock × float32 lanes per FMA unit × FMA units × 2 (a fused multiply-add is two
