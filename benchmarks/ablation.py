@@ -12,9 +12,11 @@ weighted kNN top-1 (``results.json``, as train.py reports it) and linear top-1
 here is tuned; the held-out digits are only ever evaluated on.
 
 Resumable: run folders live in ``WORK/<budget tag>/<setting>-seed<N>`` and every finished run's
-figures are cached in ``WORK/<budget tag>/cache.json``.  Re-running the same command skips what
-is cached, continues a killed training from its last epoch (train.py resumes) and rewrites the
-report from the cache.  ``--report-only`` writes the report from what is cached so far.
+figures are cached in ``WORK/<budget tag>/cache.json`` and in the tracked copy
+``benchmarks/ablation_cache/<budget tag>.json`` (committed, so a fresh clone skips the runs
+another machine finished).  Re-running the same command skips what is cached, continues a killed
+training from its last epoch (train.py resumes) and rewrites the report from the cache.
+``--report-only`` writes the report from what is cached so far; a partial report says so.
 """
 
 import argparse
@@ -23,6 +25,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -147,18 +150,33 @@ def linear_available():
 
 
 # ---------------------------------------------------------------------- running
-def load_cache(path):
-    if os.path.exists(path):
-        with open(path) as handle:
-            return json.load(handle)
-    return {"runs": {}}
+TRACKED_CACHE = os.path.join(REPO, "benchmarks", "ablation_cache")
 
 
-def save_cache(cache, path):
-    temporary = path + ".tmp"
-    with open(temporary, "w") as handle:
-        json.dump(cache, handle, indent=1, sort_keys=True)
-    os.replace(temporary, path)  # a kill mid-write never leaves a broken cache
+def cache_paths(work, tag):
+    """The work folder's cache and its tracked copy (the one that survives a lost machine)."""
+    return [os.path.join(work, "cache.json"), os.path.join(TRACKED_CACHE, f"{tag}.json")]
+
+
+def load_cache(paths):
+    """Every finished run found in any of ``paths`` (entries with more figures win)."""
+    cache = {"runs": {}}
+    for path in paths:
+        if os.path.exists(path):
+            with open(path) as handle:
+                for key, entry in json.load(handle)["runs"].items():
+                    if len(entry) >= len(cache["runs"].get(key, {})):
+                        cache["runs"][key] = entry
+    return cache
+
+
+def save_cache(cache, paths):
+    for path in paths:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = path + ".tmp"
+        with open(temporary, "w") as handle:
+            json.dump(cache, handle, indent=1, sort_keys=True)
+        os.replace(temporary, path)  # a kill mid-write never leaves a broken cache
 
 
 def run_logged(command, log_path):
@@ -170,6 +188,22 @@ def run_logged(command, log_path):
         code = subprocess.call(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     if code != 0:
         raise RuntimeError(f"exit {code}: {' '.join(command)} (log: {log_path})")
+
+
+def machine_name():
+    """The CPU a run was measured on (seeded runs repeat bit for bit on one CPU model only)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return f"{name}, {len(os.sched_getaffinity(0))} cores"
 
 
 def run_one(args, shared, setting, seed, run_dir, entry):
@@ -184,6 +218,7 @@ def run_one(args, shared, setting, seed, run_dir, entry):
             start = time.time()
             run_logged(train_command(args, shared, setting, seed, run_dir), log)
             entry["train_seconds"] = round(time.time() - start, 1)
+            entry["machine"] = machine_name()
         with open(results_path) as handle:
             entry["knn_top1"] = json.load(handle)["knn_top1"]
     if not args.no_linear and linear_available() and "linear_top1" not in entry:
@@ -195,8 +230,8 @@ def run_one(args, shared, setting, seed, run_dir, entry):
     return entry
 
 
-def run_all(args, shared, work):
-    cache_path = os.path.join(work, "cache.json")
+def run_all(args, shared, work, tag):
+    cache_path = cache_paths(work, tag)
     cache = load_cache(cache_path)
     failures = []
     for seed in range(args.seeds):  # seed-major: a partial experiment covers every setting
@@ -245,13 +280,14 @@ def figures(cache, settings, seeds, metric):
                 if metric in cache["runs"].get(f"{s}/seed{k}", {})] for s in settings}
 
 
-def cell(values):
+def cell(values, seeds):
+    """Mean ± sample std; the number of seeds when fewer than planned have finished."""
     mean, std, n = summary(values)
     if n == 0:
         return "–"
     if n == 1:
         return f"{mean:.1f} (1 seed)"
-    return f"{mean:.1f} ± {std:.1f}"
+    return f"{mean:.1f} ± {std:.1f}" + (f" ({n} seeds)" if n < seeds else "")
 
 
 def compare(caco, other):
@@ -297,6 +333,17 @@ def verdict(results, settings):
     return lines
 
 
+def partial_note(cache, settings, seeds, command):
+    """A line saying which runs are still missing, or nothing when all have finished."""
+    planned = [f"{s}/seed{k}" for k in range(seeds) for s in settings]
+    missing = [key for key in planned if "knn_top1" not in cache["runs"].get(key, {})]
+    if not missing:
+        return []
+    return [f"**Partial: {len(planned) - len(missing)} of {len(planned)} runs have finished**; "
+            f"missing: {', '.join(missing)}. Cells are over the seeds finished; `{command}` "
+            f"finishes the rest and rewrites this report.", ""]
+
+
 def write_report(args, cache, resolved, tag, path):
     settings, seeds = args.settings, args.seeds
     results = {"knn_top1": figures(cache, settings, seeds, "knn_top1"),
@@ -315,6 +362,7 @@ def write_report(args, cache, resolved, tag, path):
         "",
         f"Written by `{command}` on {datetime.date.today()}; budget tag `{tag}`.",
         "",
+    ] + partial_note(cache, settings, seeds, command) + [
         f"Every setting: `{os.path.relpath(args.config, REPO)}` with "
         f"{train['epochs']} epochs, batch {train['batch_size']}, backbone "
         f"{resolved['model']['backbone']}, views {resolved['data']['views']}, encoder lr "
@@ -340,9 +388,17 @@ def write_report(args, cache, resolved, tag, path):
     for setting in settings:
         positive, negatives = SOURCES[setting]
         lines.append(f"| {NAMES[setting]} | {positive} | {negatives} | {PAPER[setting]} | "
-                     f"{cell(results['knn_top1'][setting])} | "
-                     f"{cell(results['linear_top1'][setting])} |")
+                     f"{cell(results['knn_top1'][setting], seeds)} | "
+                     f"{cell(results['linear_top1'][setting], seeds)} |")
     lines += ["", PAPER_NOTE, ""]
+    machines = {}
+    for entry in cache["runs"].values():
+        name = entry.get("machine", "an unrecorded machine")
+        machines[name] = machines.get(name, 0) + 1
+    lines += ["Measured on " + "; ".join(f"{name} ({count} run{'s' * (count > 1)})"
+                                         for name, count in machines.items())
+              + ", no GPU. A seeded run repeats bit for bit on one CPU model, not across models.",
+              ""]
     if times:
         lines += [f"One training run took {min(times) / 60:.1f}–{max(times) / 60:.1f} minutes "
                   f"here (wall clock, the machine possibly shared).", ""]
@@ -392,9 +448,11 @@ def main(argv=None):
                         "linear_epochs": args.linear_epochs}, handle, sort_keys=False)
     failures = []
     if args.report_only:
-        cache = load_cache(os.path.join(work, "cache.json"))
+        cache = load_cache(cache_paths(work, tag))
+        if cache["runs"]:
+            save_cache(cache, cache_paths(work, tag))  # the tracked copy catches up
     else:
-        cache, failures = run_all(args, shared, work)
+        cache, failures = run_all(args, shared, work, tag)
     if args.dry_run:
         return 0
     write_report(args, cache, resolved, tag, args.output)
