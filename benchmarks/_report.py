@@ -15,6 +15,23 @@ def cpu_count():
         return os.cpu_count()
 
 
+def cpu_model():
+    """The CPU, as /proc/cpuinfo names it, and the cores this process may use (seeded runs
+    repeat bit for bit on one CPU model only, so every measurement names it)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return f"{name}, {cpu_count()} cores"
+
+
 def write_section(text, path, begin, end, title):
     """Replace the text between the ``begin``/``end`` markers in ``path``, or append the
     section under ``title`` at the end."""

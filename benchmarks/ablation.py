@@ -25,7 +25,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -34,7 +33,9 @@ import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
+import _report  # noqa: E402
 from caco_tf.training.config import METHODS, ConfigError, load_config  # noqa: E402
 
 # Table order: the paper's four ablation rows, then the two baselines.
@@ -190,22 +191,6 @@ def run_logged(command, log_path):
         raise RuntimeError(f"exit {code}: {' '.join(command)} (log: {log_path})")
 
 
-def machine_name():
-    """The CPU a run was measured on (seeded runs repeat bit for bit on one CPU model only)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']} model {fields['model']})"
-    return f"{name}, {len(os.sched_getaffinity(0))} cores"
-
-
 def run_one(args, shared, setting, seed, run_dir, entry):
     """Train (or resume) and evaluate one run; fills and returns its cache ``entry``."""
     os.makedirs(run_dir, exist_ok=True)
@@ -218,7 +203,7 @@ def run_one(args, shared, setting, seed, run_dir, entry):
             start = time.time()
             run_logged(train_command(args, shared, setting, seed, run_dir), log)
             entry["train_seconds"] = round(time.time() - start, 1)
-            entry["machine"] = machine_name()
+            entry["machine"] = _report.cpu_model()
         with open(results_path) as handle:
             entry["knn_top1"] = json.load(handle)["knn_top1"]
     if not args.no_linear and linear_available() and "linear_top1" not in entry:
