@@ -16,8 +16,13 @@ def cpu_count():
 
 
 def cpu_model():
-    """The CPU, as /proc/cpuinfo names it, and the cores this process may use (seeded runs
-    repeat bit for bit on one CPU model only, so every measurement names it)."""
+    """The CPU and the cores this process may use (seeded runs repeat bit for bit on one CPU
+    model only, so every measurement names it)."""
+    return f"{cpu_name()}, {cpu_count()} cores"
+
+
+def cpu_name():
+    """The CPU, as /proc/cpuinfo names it, with its family and model numbers."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as handle:
@@ -29,7 +34,7 @@ def cpu_model():
     name = fields.get("model name") or platform.processor() or platform.machine()
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']} model {fields['model']})"
-    return f"{name}, {cpu_count()} cores"
+    return name
 
 
 def write_section(text, path, begin, end, title):
