@@ -1,18 +1,12 @@
 """benchmarks/ablation.py's resumable cache and partial report (no training here)."""
 
-import importlib.util
 import json
-import os
 
-ABLATION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "benchmarks", "ablation.py")
+from benchmark_scripts import load
 
 
 def load_ablation():
-    spec = importlib.util.spec_from_file_location("ablation_under_test", ABLATION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("ablation")
 
 
 def test_cache_merges_the_work_folder_and_the_tracked_copy(tmp_path):

@@ -1,18 +1,11 @@
 """benchmarks/step_time.py writes each kind of run into its own BENCHMARKS.md section, so
 re-measuring one (the offline default's XLA gain) leaves the others' rows in place."""
 
-import importlib.util
-import os
-
-STEP_TIME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         "benchmarks", "step_time.py")
+from benchmark_scripts import load
 
 
 def load_step_time():
-    spec = importlib.util.spec_from_file_location("step_time_under_test", STEP_TIME)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("step_time")
 
 
 def test_each_kind_of_run_has_its_own_markers():
