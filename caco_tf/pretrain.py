@@ -1,9 +1,6 @@
 """From a configuration to a trained run folder: what ``train.py`` does, as a library call.
 
-A run folder holds ``config.yaml`` (resolved), ``tensorboard/``, ``backup/`` (resume state),
-``checkpoints/last.weights.h5``, ``history.json``, ``model.keras`` (the final model, as
-``model.save`` writes it), ``saved_model/`` (the backbone, TF Serving layout) and
-``results.json``.
+The run folder's files are named in ``caco_tf.training.run_folder``.
 """
 
 import contextlib
@@ -19,7 +16,9 @@ from caco_tf.build import build_model, build_views, load_data, warmup_steps
 from caco_tf.evaluation import knn
 from caco_tf.evaluation.monitor import KNNMonitor
 from caco_tf.serving import export
-from caco_tf.training import callbacks, distribute
+from caco_tf.training import callbacks, distribute, interrupts
+from caco_tf.training.interrupts import Interrupted
+from caco_tf.training.run_folder import RunFolder, write_error, write_json_atomically
 from caco_tf.training.config import ConfigError, changed_settings
 
 
@@ -62,30 +61,47 @@ def run(config, run_dir, verbose=1):
     """Pre-train (resuming if ``run_dir`` holds a backup), evaluate and export. Returns results.
 
     Under MultiWorkerMirroredStrategy every worker runs this with the same config; only the
-    chief writes the run folder and exports (the others return an empty dict); every worker
-    computes its share of the kNN evaluations.
+    chief writes the run folder (holding its lock) and exports (the others return an empty
+    dict); every worker computes its share of the kNN evaluations.  SIGTERM and SIGINT stop
+    the run after a save (``interrupts.Interrupted``); a failed write to the run folder is a
+    ``run_folder.WriteError``.
     """
     # First: a multi-worker strategy must be created before TensorFlow runs any op.
     strategy = distribute.make_strategy(config["distribute"]["strategy"])
+    chief = distribute.is_chief(strategy)
+    folder = RunFolder(run_dir)
+    with contextlib.ExitStack() as stack:
+        if chief:
+            try:
+                os.makedirs(run_dir, exist_ok=True)
+            except OSError as error:
+                raise write_error(error, run_dir) from error
+            stack.enter_context(folder.lock())
+        signals = stack.enter_context(interrupts.StopSignals())
+        try:
+            return _run(config, folder, strategy, chief, signals, verbose)
+        except OSError as error:  # the run folder's writes; reads fail as DataError earlier
+            raise write_error(error, run_dir) from error
+
+
+def _run(config, folder, strategy, chief, signals, verbose):
+    run_dir = folder.path
     keras.utils.set_random_seed(config["train"]["seed"])
     train, held_out = load_data(config)
     check_sizes(config, len(train), strategy.num_replicas_in_sync)
     probe_classes = online_probe_classes(config, train)
-    chief = distribute.is_chief(strategy)
     batch = config["train"]["batch_size"]
     steps_per_epoch = len(train) // batch
-    backup = callbacks.read_backup(run_dir)
-    changes = changes_since_backup(run_dir, config) if backup else []
+    backup = folder.read_backup()
+    changes = changes_since_backup(folder, config) if backup else []
     check_plan(config, run_dir, backup, changes, steps_per_epoch)
 
     def write_config():
-        with open(os.path.join(run_dir, "config.yaml"), "w") as handle:
+        with open(folder.config, "w") as handle:
             yaml.safe_dump(config, handle, sort_keys=False)
 
-    if chief:
-        os.makedirs(run_dir, exist_ok=True)
-        if not changes:
-            write_config()
+    if chief and not changes:
+        write_config()
         # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
     views = build_views(config)
@@ -93,34 +109,49 @@ def run(config, run_dir, verbose=1):
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
     skipped = data.SkippedFiles()  # unreadable images: skipped, reported once per epoch
-    # Epoch e is its own seeded pass over the images: a resumed run starts at the epoch it
-    # stopped in, with the images, order and views it would have had.  With the online probe
-    # the batches carry the labels, which only the probe reads; the views are the same.
+    # Epoch e is its own seeded pass over the images: a resumed run starts at the epoch and
+    # step it stopped at, with the images, order and views it would have had.  With the
+    # online probe the batches carry the labels, which only the probe reads; the views are
+    # the same.
     dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
         train, batch, views, seed=config["data"]["seed"], input_context=context,
         skipped=skipped, image_size=config["data"]["image_size"],
         channels=config["data"]["channels"], with_labels=probe_classes is not None,
-        first_epoch=backup.epoch if backup else 0, steps_per_epoch=steps_per_epoch))
+        first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
+        steps_per_epoch=steps_per_epoch))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
         health_sample(config, views, train), config["caco"]["bank_size"]
         if config["caco"]["method"] == "caco" else 0, 2 * steps_per_epoch * batch,
         stop_on_collapse=config["train"]["stop_on_collapse"])
-    model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
-              shuffle=False,  # the dataset shuffles itself, once per epoch
-              verbose=verbose if chief else 0,
-              callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
-              + _callbacks(run_dir, chief, monitor, precise_bn(config, views, train), changes,
-                           write_config if chief and changes else None, steps_per_epoch)
-              + [skipped.callback()])
+    resume = callbacks.Resume(folder, writer=chief, changes=changes,
+                              restored=write_config if chief and changes else None,
+                              steps_per_epoch=steps_per_epoch,
+                              every_minutes=config["train"]["checkpoint_every_minutes"],
+                              signals=signals)
+    loggers = _loggers(folder) if chief else []
+    try:
+        model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
+                  shuffle=False,  # the dataset shuffles itself, once per epoch
+                  verbose=verbose if chief else 0,
+                  callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
+                  + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
+                  + [skipped.callback()])
+    except Interrupted:
+        for logger in loggers:
+            if isinstance(logger, keras.callbacks.TensorBoard):
+                logger.on_train_end()  # closes its event files: the curves so far are kept
+        raise
     if model.unhealthy:
-        last = callbacks.read_backup(run_dir)
-        kept = (f"its last good state (epoch {last.epoch}) is kept in "
-                f"{os.path.join(run_dir, 'backup')}" if last else "no epoch finished before")
+        last = folder.read_backup()
+        kept = (f"its last good state (epoch {last.epoch}) is kept in {folder.backup}"
+                if last else "no epoch finished before")
         advice = ("lower the learning rates (train.learning_rate, caco.bank_lr) or use "
                   "train.precision float32" if "loss became" in model.unhealthy
                   else callbacks.COLLAPSE_ADVICE)
         raise TrainingStopped(f"the run stopped: {model.unhealthy}; {kept}; {advice}")
+    if signals.received:  # during the last epoch's end: its state is saved
+        resume.stop(config["train"]["epochs"], 0)
 
     results = {"epochs": config["train"]["epochs"],
                "replicas": int(strategy.num_replicas_in_sync)}
@@ -131,13 +162,12 @@ def run(config, run_dir, verbose=1):
         return {}
     # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model
     # reads it, and caco-evaluate and caco-export take it instead of the run folder.
-    model.save(os.path.join(run_dir, "model.keras"))
+    model.save(folder.model)
     backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
     results["saved_model"] = export.export_backbone(
-        backbone, os.path.join(run_dir, "saved_model"), config["data"]["image_size"],
+        backbone, folder.saved_model, config["data"]["image_size"],
         config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
-    with open(os.path.join(run_dir, "results.json"), "w") as handle:
-        json.dump(results, handle, indent=1)
+    write_json_atomically(folder.results, results, indent=1)
     return results
 
 
@@ -159,13 +189,13 @@ def check_plan(config, run_dir, backup, changes, steps_per_epoch):
             f"of the run over the new length")
 
 
-def changes_since_backup(run_dir, config):
+def changes_since_backup(folder, config):
     """The settings that differ from the run folder's ``config.yaml`` when it holds a backup
     (a run to resume), as ``config.changed_settings`` lists them; else []."""
-    previous = os.path.join(run_dir, "config.yaml")
-    if not (os.path.isdir(os.path.join(run_dir, "backup")) and os.path.exists(previous)):
+    folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
+    if not (folder.has_backup() and os.path.exists(folder.config)):
         return []
-    with open(previous) as handle:
+    with open(folder.config) as handle:
         return changed_settings(yaml.safe_load(handle) or {}, config)
 
 
@@ -241,26 +271,21 @@ def precise_bn(config, views, train):
     return callbacks.PreciseBatchNorm(eval_dataset(config, views, train, every=every))
 
 
-def _callbacks(run_dir, chief, monitor=None, precise=None, changes=(), restored=None,
-               steps_per_epoch=None):
-    """The monitor and BatchNorm re-estimation, resume state for every process; logs,
-    TensorBoard, checkpoints: chief only (only the chief writes the run folder).
+def _loggers(folder):
+    """What the chief writes every epoch: history, TensorBoard, the weights checkpoint."""
+    return [callbacks.HistoryJSON(folder.history),
+            keras.callbacks.TensorBoard(folder.tensorboard),
+            callbacks.Checkpoint(folder.checkpoint, save_weights_only=True)]
+
+
+def _callbacks(resume, loggers, monitor=None, precise=None):
+    """The monitor and BatchNorm re-estimation, the resume state, then the chief's loggers.
 
     The monitor comes before the loggers: they record what it adds to the epoch's logs; the
     re-estimation after the monitor (its curve compares like with like), and both before the
-    backup and the checkpoint (which save the new statistics).  ``changes``, ``restored``:
-    see ``callbacks.Resume``.
+    backup and the checkpoint (which save the new statistics).
     """
-    resume = callbacks.Resume(run_dir, writer=chief, changes=changes, restored=restored,
-                              steps_per_epoch=steps_per_epoch)
-    evaluation = [callback for callback in (monitor, precise) if callback]
-    if not chief:
-        return evaluation + [resume]
-    loggers = [callbacks.HistoryJSON(os.path.join(run_dir, "history.json")),
-               keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard")),
-               callbacks.Checkpoint(os.path.join(run_dir, "checkpoints", "last.weights.h5"),
-                                    save_weights_only=True)]
-    return evaluation + [resume] + loggers
+    return [callback for callback in (monitor, precise) if callback] + [resume] + loggers
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from caco_tf import health
 from caco_tf.training import callbacks
+from caco_tf.training.run_folder import RunFolder
 
 
 def _unit(x):
@@ -92,7 +93,7 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_
                         verbose=0)
     assert model.unhealthy == "the loss became nan at step 5 (epoch 2, batch 2)"
     assert len(history.history["loss"]) == 2 and np.isnan(history.history["loss"][1])
-    backup = callbacks.read_backup(str(tmp_path))
+    backup = RunFolder(str(tmp_path)).read_backup()
     assert backup.epoch == 1  # epoch 2 was not saved
     restored = tiny_caco()
     restored.load_weights(backup.weights)

@@ -166,7 +166,7 @@ def imported(tmp_path_factory):
     # A fresh model from the written config, restored by the resume callback train.py uses.
     config = load_config(os.path.join(run_dir, "config.yaml"))
     model = build.build_model(config, steps_per_epoch=1)
-    resume = callbacks.resumable(run_dir)
+    resume = callbacks.Resume(run_dir)
     resume.set_model(model)
     resume.on_train_begin()
 

@@ -104,7 +104,7 @@ def test_a_run_killed_mid_epoch_ends_as_the_uninterrupted_run(small_data, finish
     killed_after = _epochs_done(run_dir)
     assert 2 <= killed_after < 4, "the run should be killed mid-way"
     with open(os.path.join(run_dir, "backup", "training_metadata.json")) as handle:
-        saved_epoch = json.load(handle)["epoch"]  # epochs completed and backed up
+        saved_epoch = json.load(handle)["checkpoints"][0]["epoch"]  # epochs backed up
     before = json.load(open(os.path.join(run_dir, "history.json")))
 
     result = train("--config", config, "--run-dir", run_dir)
@@ -124,7 +124,16 @@ def test_a_run_killed_mid_epoch_ends_as_the_uninterrupted_run(small_data, finish
     assert history[3]["bank_lr"] > 0  # past the warm-up epoch: the CaCo phase
 
     # Against the run that was never interrupted: the same images, order and views were seen.
-    _, reference_dir = finished_run
+    assert_same_run(run_dir, finished_run[1])
+    assert "run folder: " + os.path.abspath(run_dir) in result.stdout
+    assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
+                                       "saved_model.pb"))
+
+
+def assert_same_run(run_dir, reference_dir):
+    """The two runs' histories (but wall-clock figures) and final weights, bank, bank momentum
+    and optimizer state are equal bit for bit."""
+    history = json.load(open(os.path.join(run_dir, "history.json")))
     reference = json.load(open(os.path.join(reference_dir, "history.json")))
     strip = [{k: v for k, v in row.items() if k not in TIMING} for row in history]
     assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in reference]
@@ -134,9 +143,69 @@ def test_a_run_killed_mid_epoch_ends_as_the_uninterrupted_run(small_data, finish
     assert resumed["vars/0"].shape == resumed["vars/1"].shape == (128, 32)  # bank, momentum
     for name in uninterrupted:
         np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
-    assert "run folder: " + os.path.abspath(run_dir) in result.stdout
-    assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
-                                       "saved_model.pb"))
+
+
+@pytest.mark.parametrize("name,status", [("TERM", 143), ("INT", 130)])
+def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
+        small_data, finished_run, tmp_path, name, status):
+    """SIGTERM (a preemption) or SIGINT (Ctrl-C) after step 6, inside epoch 2: the step ends,
+    the state is saved with the stream's position, one line says so, the exit status is
+    128 + the signal; the same command then ends as the uninterrupted run, bit for bit."""
+    config = small_config(tmp_path, small_data)
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    stopped = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "stop_at_step.py"),
+                              "6", name, "--config", config, "--run-dir", run_dir, "--quiet"],
+                             cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert stopped.returncode == status, stopped.stderr[-2000:]
+    assert "Traceback" not in stopped.stderr
+    assert stopped.stderr.splitlines()[-1] == (
+        f"stopped by SIG{name} at epoch 2, step 2 of {STEPS} (global step 6); saved in "
+        f"{os.path.join(run_dir, 'backup')}; run the same command to continue")
+    metadata = json.load(open(os.path.join(run_dir, "backup", "training_metadata.json")))
+    newest = metadata["checkpoints"][0]
+    assert (newest["epoch"], newest["step"], newest["iterations"]) == (1, 2, 6)
+    assert len(json.load(open(os.path.join(run_dir, "history.json")))) == 1
+
+    resumed = train("--config", config, "--run-dir", run_dir, "--quiet")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_run(run_dir, finished_run[1])
+
+
+def test_a_hard_kill_loses_at_most_the_time_since_the_last_periodic_save(
+        small_data, finished_run, tmp_path):
+    """With saves every 0.6 s inside the epochs, SIGKILL once a mid-epoch save exists: the
+    resume starts inside the epoch and still ends as the uninterrupted run, bit for bit."""
+    config = small_config(tmp_path, small_data)
+    run_dir = str(tmp_path / "run")
+    every = ["--set", "train.checkpoint_every_minutes=0.01"]
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    # Slowed a little (40 ms a step) so that several periodic saves fall inside epochs.
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.argv[0] = 'train.py';"
+         "from caco_tf.training import callbacks as c; end = c.Throughput.on_train_batch_end;"
+         "c.Throughput.on_train_batch_end = lambda s, b, logs=None: (time.sleep(0.04), end(s, b, logs));"
+         "from caco_tf.cli import train; sys.exit(train.main(sys.argv[1:]))",
+         "--config", config, "--run-dir", run_dir, "--quiet", *every],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metadata = os.path.join(run_dir, "backup", "training_metadata.json")
+    deadline = time.time() + 240
+    newest = None
+    while process.poll() is None and time.time() < deadline:
+        try:
+            newest = json.load(open(metadata))["checkpoints"][0]
+        except (OSError, ValueError, KeyError):
+            newest = None
+        if newest and newest["step"] > 0 and newest["epoch"] >= 1:
+            break
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert newest and newest["step"] > 0, "no mid-epoch save before the kill"
+    resumed = train("--config", config, "--run-dir", run_dir, "--quiet", *every)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_run(run_dir, finished_run[1])
 
 
 def test_a_resume_refuses_new_schedules_unless_told_to_rescale(finished_run, tmp_path):

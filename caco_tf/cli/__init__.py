@@ -116,8 +116,11 @@ def _filter_standard_error():
 
 def guard(work, cleanup=None):
     """``work()``, which returns the exit status; a ``UserError`` it raises becomes one
-    ``error: ...`` line and exit status 2, after ``cleanup()`` if given."""
+    ``error: ...`` line and its exit status (2, or the error's ``exit_status``: 74 for a failed
+    write), after ``cleanup()`` if given; a run stopped by a signal after saving
+    (``Interrupted``) prints where it stopped and exits with 128 + the signal's number."""
     from caco_tf.errors import UserError
+    from caco_tf.training.interrupts import Interrupted
 
     try:
         return work()
@@ -125,7 +128,10 @@ def guard(work, cleanup=None):
         if cleanup is not None:
             cleanup()
         print(f"error: {one_line(error)}", file=sys.stderr)
-        return 2
+        return getattr(error, "exit_status", 2)
+    except Interrupted as stop:
+        print(one_line(stop), file=sys.stderr)
+        return stop.exit_status
 
 
 def one_line(error):

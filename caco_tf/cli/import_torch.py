@@ -16,7 +16,6 @@ steps per epoch are known: ``--steps-per-epoch`` or an ImageNet source) and, wit
 
 import json
 import os
-import shutil
 import sys
 
 from caco_tf import cli
@@ -58,10 +57,12 @@ def import_checkpoint(args):
     from caco_tf.errors import ConfigError
     from caco_tf.serving import torch_import
     from caco_tf.training.config import load_config
+    from caco_tf.training.run_folder import RunFolder
 
-    for used in ("checkpoints", "backup"):
-        if os.path.exists(os.path.join(args.out, used)):
-            raise ConfigError(f"{args.out} already holds a run ({used}/); choose another --out")
+    folder = RunFolder(args.out)
+    for used in (folder.checkpoint, folder.backup):
+        if os.path.exists(used):
+            raise ConfigError(f"{args.out} already holds a run ({used}); choose another --out")
     if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
         raise ConfigError(f"--steps-per-epoch must be at least 1, got {args.steps_per_epoch}")
     checkpoint = torch_import.load_checkpoint(args.checkpoint, args.trust_pickle)
@@ -74,8 +75,8 @@ def import_checkpoint(args):
     info = torch_import.import_checkpoint(model, checkpoint)
 
     import yaml
-    os.makedirs(os.path.join(args.out, "checkpoints"), exist_ok=True)
-    with open(os.path.join(args.out, "config.yaml"), "w") as handle:
+    os.makedirs(os.path.dirname(folder.checkpoint), exist_ok=True)
+    with open(folder.config, "w") as handle:
         yaml.safe_dump(config, handle, sort_keys=False)
 
     steps = args.steps_per_epoch
@@ -87,22 +88,16 @@ def import_checkpoint(args):
         record["resume_epoch"], step = torch_import.resume_point(config, info["epoch"], steps)
         model.optimizer.iterations.assign(step)
         record["resume_step"] = step
-    weights = os.path.join(args.out, "checkpoints", "last.weights.h5")
-    model.save_weights(weights)
-    if "resume_epoch" in record:
-        # What keras' BackupAndRestore (caco-train's resume) reads: weights and the epoch.
-        backup = os.path.join(args.out, "backup")
-        os.makedirs(backup)
-        shutil.copyfile(weights, os.path.join(backup, "latest.weights.h5"))
-        with open(os.path.join(backup, "training_metadata.json"), "w") as handle:
-            json.dump({"epoch": record["resume_epoch"], "batch": 0}, handle)
+    model.save_weights(folder.checkpoint)
+    if "resume_epoch" in record:  # the resume state caco-train reads, as training writes it
+        folder.write_backup(model, record["resume_epoch"], 0, steps)
     if args.saved_model:
         from caco_tf.serving import export
         record["saved_model"] = export.export_backbone(
-            model.backbone, os.path.join(args.out, "saved_model"), config["data"]["image_size"],
+            model.backbone, folder.saved_model, config["data"]["image_size"],
             config["data"]["channels"], torch_import.IMAGENET_MEAN, torch_import.IMAGENET_STD,
             embedder=model.query_encoder)
-    with open(os.path.join(args.out, "import.json"), "w") as handle:
+    with open(folder.import_record, "w") as handle:
         json.dump(record, handle, indent=1)
 
     print(f"imported {info['tensors']} tensors (epoch {info['epoch']}) into "

@@ -110,6 +110,23 @@ def looks_complete(contents):
     return tf.logical_and(length > 8, jpeg | png | gif | bmp)
 
 
+def _checker(source, skipped):
+    """(element) → ok: read and check a file as ``_decoder`` does, without decoding it."""
+
+    def check(item, name):
+        ok = looks_complete(source.load(item))
+
+        def bad():
+            if skipped is None:
+                return tf.constant(False)
+            with tf.control_dependencies([tf.py_function(skipped.record, [name], tf.int64)]):
+                return tf.constant(False)
+
+        return tf.cond(ok, lambda: tf.constant(True), bad)
+
+    return check
+
+
 def _decoder(source, channels, skipped):
     """(element) → (uint8 image [H, W, channels], ok): read, check and decode, never raising for
     a bad file (the safety net for what the check misses is ``ignore_errors`` later)."""
@@ -172,7 +189,7 @@ def shuffled(dataset, block, seed):
 
 def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skipped=None,
                      image_size=None, channels=None, with_labels=False, first_epoch=0,
-                     steps_per_epoch=None):
+                     steps_per_epoch=None, first_step=0):
     """An endless stream of view batches, epoch by epoch: epoch e is its own pass over the
     images, a permutation seeded by (seed, e), of ``steps_per_epoch`` full batches (the rest
     of the pass is dropped, as PyTorch's ``drop_last``).
@@ -180,8 +197,13 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
     Everything is a function of (seed, epoch, position): image ``j`` of epoch ``e`` gets the
     augmentation seed (seed, e, j) (batch views: the batch's), so a run is reproducible, every
     epoch draws fresh views, and ``first_epoch`` starts the stream where an interrupted run
-    stopped (a resume) with exactly the images, order and views it would have had.  Bad files
-    are skipped within their epoch and replaced by further images of the same epoch's order.
+    stopped (a resume) with exactly the images, order and views it would have had, and
+    ``first_step`` starts that epoch after its first ``first_step`` batches (a resume inside an
+    epoch).  Bad files are skipped within their epoch and replaced by further images of the
+    same epoch's order.  Starting inside an epoch passes over its first images without
+    augmenting them; files are read and checked (not decoded) to count the bad ones among
+    them, so the stream is the uninterrupted one's unless a file that passed the check failed
+    to decode there.
 
     ``images``: a uint8 array [N, H, W, C] or a source (``load_source``).  ``views``: per-image
     views (``augment.ImageViews``: decoding and every view in one parallel map, then batches)
@@ -221,6 +243,7 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
 
     channels = channels or (views.channels if per_image else 1)
     decode = _decoder(source, channels, skipped) if source.encoded else None
+    check = _checker(source, skipped) if source.encoded else None
     if per_image:
         empty = tuple(tf.zeros([r.size, r.size, channels]) for r in views.recipes)
     else:
@@ -228,6 +251,10 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
         empty = tf.zeros([size, size, channels])
 
     def one_epoch(epoch):
+        # Batches and images of this epoch done before a resume: passed over, not prepared.
+        skip_batches = tf.where(epoch == int(first_epoch), tf.constant(int(first_step),
+                                                                       tf.int64), 0)
+        skip_images = skip_batches * batch
         # (seed, epoch, shard): this epoch's order, and the root of its images' view seeds.
         root = tf.random.experimental.stateless_fold_in(tf.stack([seed_tensor, epoch]),
                                                         shards[1])
@@ -243,7 +270,7 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
         if not per_image and not source.encoded:
             # Batch views of arrays: the path the offline default takes.
             dataset = items.batch(batch, drop_remainder=True).take(steps).enumerate()
-            return dataset.map(carrying(lambda number, images: views(
+            return dataset.skip(skip_batches).map(carrying(lambda number, images: views(
                 to_unit_float(images), number_seed(number))), num_parallel_calls=tf.data.AUTOTUNE)
 
         if per_image:
@@ -256,20 +283,27 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
         if source.encoded:
             def prepare_encoded(number, element):
                 item, label = element if with_labels else (element, None)
-                image, ok = decode(*item)
-                prepared = tf.cond(ok, lambda: prepare(number, image), lambda: empty)
+
+                def full():
+                    image, ok = decode(*item)
+                    return tf.cond(ok, lambda: prepare(number, image), lambda: empty), ok
+
+                def check_only():  # an image a resume passes over: is it one of the epoch's?
+                    return empty, check(*item)
+
+                prepared, ok = tf.cond(number < skip_images, check_only, full)
                 return number, ((prepared, label) if with_labels else prepared, ok)
 
             dataset = items.enumerate().map(prepare_encoded,
                                             num_parallel_calls=tf.data.AUTOTUNE)
             dataset = count_gaps(dataset.ignore_errors(), skipped)
-            dataset = dataset.filter(_second).map(_first)
+            dataset = dataset.filter(_second).map(_first).skip(skip_images)
         else:
-            dataset = items.enumerate().map(carrying(prepare),
-                                            num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = dataset.batch(batch, drop_remainder=True).take(steps)
+            dataset = items.enumerate().skip(skip_images).map(
+                carrying(prepare), num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = dataset.batch(batch, drop_remainder=True).take(steps - skip_batches)
         if not per_image:
-            dataset = dataset.enumerate().map(
+            dataset = dataset.enumerate(start=skip_batches).map(
                 carrying(lambda number, images: views(images, number_seed(number))),
                 num_parallel_calls=tf.data.AUTOTUNE)
         return dataset

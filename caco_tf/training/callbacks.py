@@ -3,10 +3,10 @@
 The kNN monitor is an evaluation, in ``caco_tf.evaluation.monitor``.
 """
 
-import collections
 import json
 import logging
 import os
+import signal
 import time
 
 import keras
@@ -16,6 +16,8 @@ import tensorflow as tf
 from caco_tf import health
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
+from caco_tf.training.interrupts import Interrupted
+from caco_tf.training.run_folder import RunFolder, write_json_atomically
 
 
 class HistoryJSON(keras.callbacks.Callback):
@@ -37,98 +39,153 @@ class HistoryJSON(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         history = self._load()
         history[epoch + 1] = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
-        temporary = self.path + ".tmp"
-        with open(temporary, "w") as handle:
-            json.dump([history[key] for key in sorted(history)], handle, indent=1)
-        os.replace(temporary, self.path)  # never leave a half-written file behind a kill
-
-
-Backup = collections.namedtuple("Backup", "epoch weights steps_per_epoch")
-
-
-def read_backup(run_dir):
-    """The resume state in ``run_dir/backup``: ``Backup(epoch, weights path, steps per epoch or
-    None)``, or None when there is none.  Also reads Keras' own ``BackupAndRestore`` layout
-    (``latest.weights.h5``), which the PyTorch import writes."""
-    folder = os.path.join(run_dir, "backup")
-    path = os.path.join(folder, "training_metadata.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as handle:
-        metadata = json.load(handle)
-    weights = os.path.join(folder, metadata.get("weights", "latest.weights.h5"))
-    if not os.path.exists(weights):
-        return None
-    return Backup(int(metadata["epoch"]), weights, metadata.get("steps_per_epoch"))
+        # Never a half-written file behind a kill or a full disk.
+        write_json_atomically(self.path, [history[key] for key in sorted(history)], indent=1)
 
 
 class Resume(keras.callbacks.Callback):
-    """Resume state in ``backup/``, saved after every epoch and restored when training starts:
-    the weights (encoders, key encoder, bank, bank momentum, FIFO pointer, optimizer state and
-    step counter) and the number of finished epochs.
+    """Resume state in the run folder's ``backup/`` (``run_folder.RunFolder``), restored when
+    training starts and saved
 
-    Each save writes ``epoch-NNNN.weights.h5`` in full, then points ``training_metadata.json``
-    at it with one atomic rename, then removes the older file: a kill at any moment leaves a
-    consistent backup.  Only the writer (the chief) saves; every process restores the same
-    state (under MultiWorkerMirroredStrategy all read the chief's).  Nothing is saved after an
-    epoch that ``HealthMonitor`` marked unhealthy (``model.unhealthy``): the last good state
-    stays.  The input pipeline must start at the restored epoch (``read_backup`` tells it).
+    - after every epoch;
+    - inside an epoch every ``every_minutes`` (None: never), so a hard kill loses at most that;
+    - after the step during which SIGTERM or SIGINT arrived (``signals``, an
+      ``interrupts.StopSignals``): then it raises ``interrupts.Interrupted``.
+
+    The state is everything a run needs to go on as if never stopped: the weights (encoders,
+    key encoder, bank, bank momentum, FIFO pointer, optimizer state and step counter), the
+    epoch and the steps done inside it, and the metric trackers' sums inside the epoch (so the
+    epoch's logged means are those of an uninterrupted run).  Restored mid-epoch, the first
+    ``step`` calls of the epoch's train function are passed over (the input pipeline starts at
+    the same position: ``read_backup`` tells it).
+
+    Only the writer (the chief) saves; every process restores the same state (under
+    MultiWorkerMirroredStrategy all read the chief's).  Nothing is saved after an epoch that
+    ``HealthMonitor`` marked unhealthy (``model.unhealthy``): the last good state stays.
 
     Args:
-      run_dir: the run folder.
+      run_dir: the run folder (a path or a ``RunFolder``).
       writer: whether this process saves.
       changes: the settings changed since the backup, named if it cannot be restored.
       restored: called once the backup, if any, is restored.
       steps_per_epoch: recorded with every save (a resume checks the plan did not change).
+      every_minutes: minutes between saves inside an epoch (None or 0: only at epoch ends).
+      signals: the ``StopSignals`` whose signal stops the run after a save.
     """
 
-    def __init__(self, run_dir, writer=True, changes=(), restored=None, steps_per_epoch=None):
+    def __init__(self, run_dir, writer=True, changes=(), restored=None, steps_per_epoch=None,
+                 every_minutes=None, signals=None):
         super().__init__()
-        self.run_dir, self.folder = run_dir, os.path.join(run_dir, "backup")
+        self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         self.writer, self.changes, self.restored = writer, tuple(changes), restored
         self.steps_per_epoch = steps_per_epoch
+        self.every = 60.0 * every_minutes if every_minutes else None
+        self.signals = signals
+        self._epoch, self._metrics, self._saved_at = 0, None, None
 
     def on_train_begin(self, logs=None):
-        backup = read_backup(self.run_dir)
-        if backup is not None:
+        point = self.folder.read_backup()
+        if point is not None:
             try:
-                self.model.load_weights(backup.weights)
+                self.model.load_weights(point.weights)
             except ValueError as error:
                 # A backup of a model with other layers (online probe switched on, another
                 # backbone, ...): Keras lists the layers; the user needs the settings.
                 changed = (f"; settings changed since it was saved: {', '.join(self.changes)}"
                            if self.changes else "")
                 raise ConfigError(
-                    f"cannot resume from {self.folder}: it holds a model of another "
+                    f"cannot resume from {self.folder.backup}: it holds a model of another "
                     f"shape{changed}. Re-run with the settings it was trained with, or pass "
                     f"another --run-dir") from error
-            self.model._initial_epoch = backup.epoch
+            self.model._initial_epoch = point.epoch
+            if point.step:
+                self._metrics = point.metrics
+                self._pass_over(point.step)
         if self.restored is not None:
             self.restored()
+        self._saved_at = time.monotonic()
+
+    def _pass_over(self, steps):
+        """Make the first ``steps`` train-function calls return at once: the resumed epoch's
+        steps done before the stop (the input stream starts after them)."""
+        train_function, remaining = self.model.train_function, [steps]
+
+        def resumed(iterator):
+            if remaining[0] > 0:
+                remaining[0] -= self.model.steps_per_execution
+                return {}
+            self.model.train_function = train_function
+            return train_function(iterator)
+
+        self.model.train_function = resumed
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self._metrics:  # the resumed epoch's sums (Keras has just reset the trackers)
+            for metric in self.model.metrics:
+                for variable, value in zip(metric.variables, self._metrics.get(metric.name, ())):
+                    variable.assign(value)
+            self._metrics = None
+        if self._agree(self._signalled(), False)[0]:  # saved at the last epoch's end
+            self.stop(epoch, 0)
+
+    def _signalled(self):
+        return self.signals is not None and bool(self.signals.received)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not logs:
+            return  # a step passed over by a resume
+        done = batch + 1
+        stop = self._signalled()
+        due = self.every is not None and time.monotonic() - self._saved_at >= self.every
+        stop, due = self._agree(stop, due)
+        if (stop or due) and done < (self.steps_per_epoch or self.params.get("steps") or 0):
+            self._save(self._epoch, done)
+            if stop:
+                self.stop(self._epoch, done)
+        # At an epoch's last step the epoch-end save follows (after the epoch's callbacks).
+
+    def _agree(self, stop, due):
+        """(stop, due) as every worker of a multi-worker run will act on them: true when true
+        on any worker (one small all-reduce a step), so that a signal to one worker, or the
+        chief's clock, makes every worker save the same step."""
+        strategy = self.model.distribute_strategy
+        if self.signals is None or getattr(strategy.extended, "_num_workers", 1) <= 1:
+            return stop, due
+        if not hasattr(self, "_any"):
+            @tf.function
+            def any_worker(flags):
+                per_replica = strategy.run(lambda: tf.identity(flags))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            self._any = any_worker
+        stop_flag, due_flag = self._any(tf.constant([float(bool(stop)), float(bool(due))]))
+        if stop_flag > 0 and not stop:
+            self.signals.received = self.signals.received or signal.SIGTERM  # a peer's signal
+        return bool(stop_flag > 0), bool(due_flag > 0)
 
     def on_epoch_end(self, epoch, logs=None):
-        if not self.writer or getattr(self.model, "unhealthy", None):
+        if not getattr(self.model, "unhealthy", None):
+            self._save(epoch + 1, 0)
+
+    def _save(self, epoch, step):
+        if getattr(self.model, "unhealthy", None):
             return
-        os.makedirs(self.folder, exist_ok=True)
-        name = f"epoch-{epoch + 1:04d}.weights.h5"
-        self.model.save_weights(os.path.join(self.folder, name), overwrite=True)
-        metadata = {"epoch": epoch + 1, "weights": name, "steps_per_epoch": self.steps_per_epoch}
-        path = os.path.join(self.folder, "training_metadata.json")
-        with open(path + ".tmp", "w") as handle:
-            json.dump(metadata, handle)
-        os.replace(path + ".tmp", path)
-        for old in os.listdir(self.folder):  # earlier saves, and Keras' own layout
-            if old.endswith(".weights.h5") and old != name or old.endswith(".bkp"):
-                os.remove(os.path.join(self.folder, old))
+        # Read on every worker (a distributed metric's value may be a collective).
+        metrics = ({metric.name: [np.asarray(v.numpy()).tolist() for v in metric.variables]
+                    for metric in self.model.metrics} if step else None)
+        if self.writer:
+            self.folder.write_backup(self.model, epoch, step, self.steps_per_epoch, metrics)
+        self._saved_at = time.monotonic()
 
-
-def resumable(run_dir, writer=True, changes=(), restored=None, steps_per_epoch=None):
-    """The ``Resume`` callback of ``run_dir`` (kept for the name the library has always used).
-
-    The backup is kept after the run ends, so re-running a finished command does not retrain.
-    """
-    return Resume(run_dir, writer=writer, changes=changes, restored=restored,
-                  steps_per_epoch=steps_per_epoch)
+    def stop(self, epoch, step):
+        """Raise ``Interrupted``: the run stopped at ``epoch``, ``step`` on a signal."""
+        where = (f"epoch {epoch + 1}, step {step} of {self.steps_per_epoch}" if step
+                 else f"the end of epoch {epoch}")
+        saved = f"saved in {self.folder.backup}" if self.writer else "the chief saved it"
+        raise Interrupted(f"stopped by {self.signals.name} at {where} (global step "
+                          f"{int(self.model.optimizer.iterations.numpy())}); {saved}; run the "
+                          f"same command to continue", self.signals.received)
 
 
 class Checkpoint(keras.callbacks.ModelCheckpoint):
@@ -173,6 +230,9 @@ class Throughput(keras.callbacks.Callback):
         self.model.input_wait = 0.0
 
     def on_train_batch_end(self, batch, logs=None):
+        if not logs:  # a step a resume passed over: the clock starts after it
+            self._start = time.perf_counter()
+            return
         self._last, self._steps = time.perf_counter(), self._steps + 1
 
     def on_epoch_end(self, epoch, logs=None):

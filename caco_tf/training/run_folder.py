@@ -1,0 +1,336 @@
+"""The run folder: every file a pre-training run reads or writes, named in one place, and what
+keeps it usable over a days-long run: one writer at a time, and resume checkpoints that a kill,
+a full disk or a truncated file never leave unusable.
+
+    RUN_DIR/
+      config.yaml              the resolved configuration
+      .lock                    held (an OS lock) by the process writing the folder
+      backup/                  resume state: state-<step>.weights.h5 (newest and previous)
+                               and training_metadata.json, which points at them
+      checkpoints/last.weights.h5   the weights after the last finished epoch
+      history.json             one row per finished epoch
+      tensorboard/             TensorBoard's event files
+      skipped_files.txt        every input file passed over, with the reason
+      model.keras              the final model, as ``model.save`` writes it
+      saved_model/             the backbone for serving
+      results.json             the final figures
+      import.json              what ``caco-import-torch`` imported (imported runs only)
+
+A resume checkpoint is written in full under a temporary name, flushed to the disk, renamed,
+and only then named in ``training_metadata.json`` (itself replaced atomically) with its size
+and CRC-32; the previous checkpoint is kept until a newer one is complete.  At resume a
+checkpoint whose size or checksum does not match (truncated by a crash, a disk error) is passed
+over for the previous one, with one warning line.
+"""
+
+import collections
+import datetime
+import errno
+import json
+import logging
+import os
+import socket
+import zlib
+
+from caco_tf.errors import UserError
+
+log = logging.getLogger("caco_tf")
+
+METADATA = "training_metadata.json"
+KEPT = 2  # resume checkpoints kept: the newest and the one before it
+
+
+class RunFolderError(UserError):
+    """The run folder cannot be used: in use by another process, or a write failed."""
+
+
+class WriteError(RunFolderError):
+    """A write to the run folder failed (a full disk, a read-only folder, an I/O error)."""
+
+    exit_status = 74  # EX_IOERR: the machine, not a setting, needs attention
+
+
+# A resume point: ``epoch`` finished epochs, plus ``step`` steps of the next one (0: at an
+# epoch's end); ``metrics``: the metric trackers' state inside that epoch ({name: [values]}).
+ResumePoint = collections.namedtuple(
+    "ResumePoint", "epoch step weights steps_per_epoch metrics iterations")
+
+
+class RunFolder:
+    """The paths of one run folder (``RunFolder(path).history`` ...) and its resume state."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def _join(self, *parts):
+        return os.path.join(self.path, *parts)
+
+    @property
+    def config(self):
+        return self._join("config.yaml")
+
+    @property
+    def backup(self):
+        return self._join("backup")
+
+    @property
+    def checkpoint(self):
+        return self._join("checkpoints", "last.weights.h5")
+
+    @property
+    def history(self):
+        return self._join("history.json")
+
+    @property
+    def tensorboard(self):
+        return self._join("tensorboard")
+
+    @property
+    def skipped_files(self):
+        return self._join("skipped_files.txt")
+
+    @property
+    def model(self):
+        return self._join("model.keras")
+
+    @property
+    def saved_model(self):
+        return self._join("saved_model")
+
+    @property
+    def results(self):
+        return self._join("results.json")
+
+    @property
+    def import_record(self):
+        return self._join("import.json")
+
+    @property
+    def lock_path(self):
+        return self._join(".lock")
+
+    def has_backup(self):
+        return os.path.exists(os.path.join(self.backup, METADATA))
+
+    # ------------------------------------------------------------------ one writer
+    def lock(self):
+        """Take the folder for this process (a ``RunLock``, released when the process ends,
+        however it ends); a ``RunFolderError`` naming the holder if another process has it."""
+        return RunLock(self.lock_path, self.path)
+
+    # ------------------------------------------------------------------ resume state
+    def read_backup(self):
+        """The newest intact resume point, or None when there is none.
+
+        A damaged newest checkpoint (size or CRC-32 not as recorded) is passed over for the
+        previous one with one warning line; when every recorded checkpoint is damaged, a
+        ``RunFolderError`` says so.  Also reads the one-file layouts written before
+        checksums (``epoch-NNNN.weights.h5``, Keras' ``latest.weights.h5``).
+        """
+        entries = self._entries()
+        if entries is None:
+            return None
+        damaged = []
+        for entry in entries:
+            reason = self._damage(entry)
+            if reason is None:
+                if damaged:
+                    log.warning("warning: the latest checkpoint %s is damaged (%s); resuming "
+                                "from the previous one (epoch %d, step %d of it)", *damaged[0],
+                                entry["epoch"] + 1, entry.get("step", 0))
+                return ResumePoint(int(entry["epoch"]), int(entry.get("step", 0)),
+                                   os.path.join(self.backup, entry["weights"]),
+                                   entry.get("steps_per_epoch"), entry.get("metrics") or {},
+                                   entry.get("iterations"))
+            damaged.append((os.path.join(self.backup, entry["weights"]), reason))
+        if not damaged:
+            return None
+        raise RunFolderError(
+            f"cannot resume {self.path}: every checkpoint in {self.backup} is damaged "
+            f"({'; '.join(f'{path}: {reason}' for path, reason in damaged)}); move that "
+            f"folder away to start the run again")
+
+    def _entries(self):
+        path = os.path.join(self.backup, METADATA)
+        try:
+            with open(path) as handle:
+                metadata = json.load(handle)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as error:
+            raise RunFolderError(f"cannot read {path}: {error}; move {self.backup} away to "
+                                 f"start the run again") from error
+        if "checkpoints" in metadata:
+            return metadata["checkpoints"]
+        # One checkpoint, no checksum: this library's first layout, or Keras' own.
+        return [{"epoch": metadata["epoch"], "step": 0,
+                 "weights": metadata.get("weights", "latest.weights.h5"),
+                 "steps_per_epoch": metadata.get("steps_per_epoch")}]
+
+    def _damage(self, entry):
+        """Why a recorded checkpoint cannot be used, or None."""
+        path = os.path.join(self.backup, entry["weights"])
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return "missing"
+        if "bytes" in entry and size != entry["bytes"]:
+            return f"{size} bytes, {entry['bytes']} written"
+        if "crc32" in entry and file_crc32(path) != entry["crc32"]:
+            return "its checksum does not match"
+        return None
+
+    def write_backup(self, model, epoch, step, steps_per_epoch, metrics=None):
+        """Save the full training state as the newest resume point: ``epoch`` finished epochs
+        and ``step`` steps of the next.  A failed write raises ``WriteError`` and leaves the
+        previous resume point as it was."""
+        iterations = int(model.optimizer.iterations.numpy())
+        name = f"state-{iterations:010d}.weights.h5"
+        final = os.path.join(self.backup, name)
+        partial = os.path.join(self.backup, ".partial.weights.h5")
+        try:
+            os.makedirs(self.backup, exist_ok=True)
+            model.save_weights(partial, overwrite=True)
+            _flush_file(partial)
+            entry = {"epoch": int(epoch), "step": int(step), "iterations": iterations,
+                     "weights": name, "steps_per_epoch": steps_per_epoch,
+                     "bytes": os.path.getsize(partial), "crc32": file_crc32(partial),
+                     "metrics": metrics or {},
+                     "saved": datetime.datetime.now().isoformat(timespec="seconds")}
+            os.replace(partial, final)
+            previous = [e for e in (self._entries() or []) if e["weights"] != name]
+            entries = [entry] + [e for e in previous
+                                 if os.path.exists(os.path.join(self.backup, e["weights"]))][:KEPT - 1]
+            write_json_atomically(os.path.join(self.backup, METADATA), {"checkpoints": entries})
+        except OSError as error:
+            _remove_quietly(partial)
+            raise write_error(error, final, self._describe_newest()) from error
+        kept = {e["weights"] for e in entries}
+        for old in os.listdir(self.backup):
+            if old.endswith((".weights.h5", ".bkp")) and old not in kept:
+                _remove_quietly(os.path.join(self.backup, old))
+
+    def _describe_newest(self):
+        try:
+            point = self.read_backup()
+        except RunFolderError:
+            point = None
+        if point is None:
+            return "no earlier checkpoint exists"
+        return (f"the previous checkpoint (epoch {point.epoch + 1}, step {point.step}) is "
+                f"intact") if point.step else (
+            f"the previous checkpoint (after epoch {point.epoch}) is intact")
+
+
+def write_error(error, path, kept=None):
+    """A ``WriteError`` of one line from an ``OSError`` met while writing ``path``."""
+    cause = error.strerror or str(error)
+    code = error.errno
+    if code is None:  # h5py and TensorFlow put the errno in the message only
+        for candidate in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO, errno.EDQUOT):
+            if f"errno = {candidate}" in str(error) or os.strerror(candidate) in str(error):
+                code, cause = candidate, os.strerror(candidate)
+                break
+    advice = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space on its disk",
+              errno.EROFS: "make the run folder writable", errno.EACCES:
+              "make the run folder writable", errno.EPERM: "make the run folder writable",
+              errno.EIO: "check the disk"}.get(code, "check the disk")
+    kept = f"; {kept}" if kept else ""
+    return WriteError(f"cannot write {error.filename or path}: {cause}{kept}; {advice} (or "
+                      f"pass another --run-dir), then run the same command to continue")
+
+
+class RunLock:
+    """An exclusive lock on a run folder (``fcntl.lockf`` on ``.lock``), recording who holds
+    it.  The operating system releases it when the holder ends, even by SIGKILL, so a lock
+    left by a dead process never blocks a relaunch."""
+
+    def __init__(self, path, folder):
+        import fcntl
+
+        self.path, self.handle = path, None
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle = open(path, "a+")
+        try:
+            fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            handle.seek(0)
+            try:
+                holder = json.loads(handle.read() or "{}")
+            except ValueError:
+                holder = {}
+            handle.close()
+            if error.errno not in (errno.EACCES, errno.EAGAIN):
+                raise write_error(error, path) from error
+            raise RunFolderError(
+                f"{folder} is in use by process {holder.get('pid', '?')} on "
+                f"{holder.get('host', '?')} (since {holder.get('started', '?')}): wait for it "
+                f"to end or stop it, or pass another --run-dir") from None
+        handle.seek(0)
+        handle.truncate()
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+                   "started": datetime.datetime.now().isoformat(timespec="seconds")}, handle)
+        handle.flush()
+        self.handle = handle
+
+    def release(self):
+        if self.handle is not None:
+            self.handle.close()  # closing releases the lock
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def file_crc32(path, chunk=1 << 22):
+    value = 0
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(chunk)
+            if not block:
+                return value
+            value = zlib.crc32(block, value)
+
+
+def write_json_atomically(path, value, indent=None):
+    """Write JSON under a temporary name, flush it to the disk, then rename it into place: a
+    reader sees the old file or the new one, never half of one."""
+    temporary = path + ".tmp"
+    try:
+        with open(temporary, "w") as handle:
+            json.dump(value, handle, indent=indent)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        _remove_quietly(temporary)
+        raise
+    _flush_folder(os.path.dirname(path))
+
+
+def _flush_file(path):
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _flush_folder(path):
+    try:
+        descriptor = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # some file systems cannot sync a folder; the rename is still atomic
+    finally:
+        os.close(descriptor)
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
