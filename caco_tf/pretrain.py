@@ -18,7 +18,8 @@ from caco_tf.evaluation.monitor import KNNMonitor
 from caco_tf.serving import export
 from caco_tf.training import callbacks, distribute, interrupts
 from caco_tf.training.interrupts import Interrupted
-from caco_tf.training.run_folder import RunFolder, write_error, write_json_atomically
+from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
+                                         write_json_atomically)
 from caco_tf.training.config import ConfigError, changed_settings
 
 
@@ -80,7 +81,9 @@ def run(config, run_dir, verbose=1):
         signals = stack.enter_context(interrupts.StopSignals())
         try:
             return _run(config, folder, strategy, chief, signals, verbose)
-        except OSError as error:  # the run folder's writes; reads fail as DataError earlier
+        except (OSError, RuntimeError) as error:  # the run folder's writes (h5py's too);
+            if not is_write_failure(error):     # reads fail as DataError earlier
+                raise
             raise write_error(error, run_dir) from error
 
 
@@ -275,7 +278,7 @@ def _loggers(folder):
     """What the chief writes every epoch: history, TensorBoard, the weights checkpoint."""
     return [callbacks.HistoryJSON(folder.history),
             keras.callbacks.TensorBoard(folder.tensorboard),
-            callbacks.Checkpoint(folder.checkpoint, save_weights_only=True)]
+            callbacks.Checkpoint(folder.checkpoint)]
 
 
 def _callbacks(resume, loggers, monitor=None, precise=None):

@@ -17,7 +17,8 @@ from caco_tf import health
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
-from caco_tf.training.run_folder import RunFolder, write_json_atomically
+from caco_tf.training.run_folder import (RunFolder, save_weights_atomically,
+                                         write_json_atomically)
 
 
 class HistoryJSON(keras.callbacks.Callback):
@@ -188,12 +189,17 @@ class Resume(keras.callbacks.Callback):
                           f"same command to continue", self.signals.received)
 
 
-class Checkpoint(keras.callbacks.ModelCheckpoint):
-    """``ModelCheckpoint`` of the weights after every epoch, except after an unhealthy one."""
+class Checkpoint(keras.callbacks.Callback):
+    """The weights after every epoch, except after an unhealthy one, written atomically
+    (``run_folder.save_weights_atomically``)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
 
     def on_epoch_end(self, epoch, logs=None):
         if not getattr(self.model, "unhealthy", None):
-            super().on_epoch_end(epoch, logs)
+            save_weights_atomically(self.model, self.path)
 
 
 class ProgressBar(keras.callbacks.ProgbarLogger):

@@ -29,6 +29,7 @@ import errno
 import json
 import logging
 import os
+import re
 import socket
 import zlib
 
@@ -188,13 +189,13 @@ class RunFolder:
         name = f"state-{iterations:010d}.weights.h5"
         final = os.path.join(self.backup, name)
         partial = os.path.join(self.backup, ".partial.weights.h5")
+        state = weights_bytes(model)
         try:
             os.makedirs(self.backup, exist_ok=True)
-            model.save_weights(partial, overwrite=True)
-            _flush_file(partial)
+            _write_synced(partial, state)
             entry = {"epoch": int(epoch), "step": int(step), "iterations": iterations,
                      "weights": name, "steps_per_epoch": steps_per_epoch,
-                     "bytes": os.path.getsize(partial), "crc32": file_crc32(partial),
+                     "bytes": len(state), "crc32": zlib.crc32(state),
                      "metrics": metrics or {},
                      "saved": datetime.datetime.now().isoformat(timespec="seconds")}
             os.replace(partial, final)
@@ -204,7 +205,8 @@ class RunFolder:
             write_json_atomically(os.path.join(self.backup, METADATA), {"checkpoints": entries})
         except OSError as error:
             _remove_quietly(partial)
-            raise write_error(error, final, self._describe_newest()) from error
+            raise WriteError(_write_message(*_failure(error, final),
+                                            self._describe_newest())) from error
         kept = {e["weights"] for e in entries}
         for old in os.listdir(self.backup):
             if old.endswith((".weights.h5", ".bkp")) and old not in kept:
@@ -222,22 +224,42 @@ class RunFolder:
             f"the previous checkpoint (after epoch {point.epoch}) is intact")
 
 
-def write_error(error, path, kept=None):
-    """A ``WriteError`` of one line from an ``OSError`` met while writing ``path``."""
-    cause = error.strerror or str(error)
-    code = error.errno
-    if code is None:  # h5py and TensorFlow put the errno in the message only
-        for candidate in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO, errno.EDQUOT):
-            if f"errno = {candidate}" in str(error) or os.strerror(candidate) in str(error):
-                code, cause = candidate, os.strerror(candidate)
-                break
+def write_error(error, path):
+    """A ``WriteError`` of one line from an ``OSError`` (or h5py's ``RuntimeError``) met while
+    writing ``path``."""
+    return WriteError(_write_message(*_failure(error, path)))
+
+
+def _failure(error, path):
+    """(the path, the cause, what to do) of a failed write."""
+    code = getattr(error, "errno", None)
+    cause = getattr(error, "strerror", None) if code else None
+    if code is None:  # h5py and TensorFlow write the errno into their message
+        code = _errno_in(error)
+        cause = os.strerror(code) if code else str(error)
     advice = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space on its disk",
               errno.EROFS: "make the run folder writable", errno.EACCES:
               "make the run folder writable", errno.EPERM: "make the run folder writable",
               errno.EIO: "check the disk"}.get(code, "check the disk")
+    return getattr(error, "filename", None) or path, cause, advice
+
+
+def _write_message(path, cause, advice, kept=None):
     kept = f"; {kept}" if kept else ""
-    return WriteError(f"cannot write {error.filename or path}: {cause}{kept}; {advice} (or "
-                      f"pass another --run-dir), then run the same command to continue")
+    return (f"cannot write {path}: {cause}{kept}; {advice} (or pass another --run-dir), then "
+            f"run the same command to continue")
+
+
+def is_write_failure(error):
+    """Whether an exception is a failed write: an ``OSError``, or h5py's ``RuntimeError``
+    carrying an errno."""
+    return isinstance(error, OSError) or _errno_in(error) is not None
+
+
+def _errno_in(error):
+    """The errno that h5py and TensorFlow write into their messages ("errno = 28"), or None."""
+    found = re.search(r"errno = (\d+)", str(error))
+    return int(found.group(1)) if found else None
 
 
 class RunLock:
@@ -285,6 +307,46 @@ class RunLock:
         self.release()
 
 
+def weights_bytes(model):
+    """The bytes of ``model.save_weights``'s ``.weights.h5`` file, made in memory.
+
+    Files are then written by plain file I/O, so that a full or failing disk is an
+    ``OSError`` on our side; an h5py file that fails mid-write is left half-open and can crash
+    the interpreter when freed at exit.
+    """
+    import io
+
+    from keras.src.saving import saving_lib  # what save_weights runs, on a path
+
+    buffer = io.BytesIO()
+    store = saving_lib.H5IOStore(buffer, mode="w")
+    saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+                           visited_saveables=set())
+    store.close()
+    return buffer.getvalue()
+
+
+def save_weights_atomically(model, path):
+    """``model.save_weights(path)``, the file complete on the disk before it takes the name:
+    a kill or a full disk leaves the previous file, never half of a new one."""
+    partial = os.path.join(os.path.dirname(path), ".partial." + os.path.basename(path))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_synced(partial, weights_bytes(model))
+        os.replace(partial, path)
+    except OSError:
+        _remove_quietly(partial)
+        raise
+    _flush_folder(os.path.dirname(path))
+
+
+def _write_synced(path, contents):
+    with open(path, "wb") as handle:
+        handle.write(contents)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def file_crc32(path, chunk=1 << 22):
     value = 0
     with open(path, "rb") as handle:
@@ -309,11 +371,6 @@ def write_json_atomically(path, value, indent=None):
         _remove_quietly(temporary)
         raise
     _flush_folder(os.path.dirname(path))
-
-
-def _flush_file(path):
-    with open(path, "rb+") as handle:
-        os.fsync(handle.fileno())
 
 
 def _flush_folder(path):

@@ -1,0 +1,181 @@
+"""The run folder over a long run's failures: a full disk, a read-only or failing disk, a
+truncated checkpoint, two processes on one folder (``caco_tf.training.run_folder``).  Disks
+are real: size-limited and read-only tmpfs mounts (root only), beside injected errors."""
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from caco_tf.training import run_folder
+from caco_tf.training.run_folder import RunFolder, RunFolderError, WriteError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def tmpfs(path, size, read_only=False):
+    """A real file system of ``size`` bytes at ``path`` (skips where mounting is refused)."""
+    os.makedirs(path, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                             capture_output=True)
+    if mounted.returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield str(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from test_model import tiny_caco
+    return tiny_caco()
+
+
+def saved_size(model, tmp_path):
+    path = str(tmp_path / "probe.weights.h5")
+    model.save_weights(path)
+    return os.path.getsize(path)
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(model, tmp_path):
+    size = saved_size(model, tmp_path)
+    model.optimizer.iterations.assign(0)
+    with tmpfs(tmp_path / "disk", 2 * size + 64 * 1024) as disk:  # room for one checkpoint
+        folder = RunFolder(os.path.join(disk, "run"))
+        folder.write_backup(model, 1, 0, 3)
+        model.optimizer.iterations.assign(5)
+        with pytest.raises(WriteError) as caught:
+            for step in (1, 2):  # the second copy cannot fit beside the first
+                folder.write_backup(model, 1, step, 3)
+        message = str(caught.value)
+        assert "\n" not in message and "No space left on device" in message
+        assert message.startswith(f"cannot write {folder.backup}")
+        assert "the previous checkpoint (after epoch 1) is intact; free space on its disk" in (
+            message) or "the previous checkpoint (epoch 2, step 1) is intact" in message
+        point = folder.read_backup()
+        assert point is not None and os.path.exists(point.weights)
+        assert not [n for n in os.listdir(folder.backup) if n.startswith(".partial")]
+        model.load_weights(point.weights)  # the kept checkpoint is whole
+
+
+def test_a_read_only_run_folder_is_one_line(model, tmp_path):
+    with tmpfs(tmp_path / "disk", 1 << 20, read_only=True) as disk:
+        folder = RunFolder(disk)
+        with pytest.raises(WriteError) as caught:
+            folder.write_backup(model, 1, 0, 3)
+    assert "Read-only file system" in str(caught.value)
+    assert "make the run folder writable" in str(caught.value)
+    assert caught.value.exit_status == 74
+
+
+def test_an_io_error_while_saving_leaves_no_partial_file(model, tmp_path, monkeypatch):
+    folder = RunFolder(str(tmp_path))
+    folder.write_backup(model, 1, 0, 3)
+
+    def failing(path, contents):
+        with open(path, "wb") as handle:
+            handle.write(contents[:len(contents) // 2])
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+
+    monkeypatch.setattr(run_folder, "_write_synced", failing)
+    with pytest.raises(WriteError, match="Input/output error.*check the disk"):
+        folder.write_backup(model, 2, 0, 3)
+    names = sorted(os.listdir(folder.backup))
+    assert len(names) == 2 and names[1] == "training_metadata.json", names
+    assert folder.read_backup().epoch == 1
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_with_a_warning(
+        model, tmp_path, caplog):
+    folder = RunFolder(str(tmp_path))
+    folder.write_backup(model, 1, 0, 3)
+    model.optimizer.iterations.assign(4)
+    folder.write_backup(model, 1, 1, 3, {"loss": [1.5, 1.0]})
+    model.optimizer.iterations.assign(0)
+    newest = folder.read_backup()
+    assert (newest.epoch, newest.step, newest.metrics) == (1, 1, {"loss": [1.5, 1.0]})
+    with open(newest.weights, "r+b") as handle:  # a crash's truncation
+        handle.truncate(os.path.getsize(newest.weights) // 2)
+    with caplog.at_level(logging.WARNING, logger="caco_tf"):
+        point = folder.read_backup()
+    assert (point.epoch, point.step) == (1, 0)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"warning: the latest checkpoint {newest.weights} is damaged (")
+    # Damaged bits of the same length are caught by the checksum.
+    with open(point.weights, "r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\xff" * 8)
+    with pytest.raises(RunFolderError, match="every checkpoint in .* is damaged"):
+        folder.read_backup()
+
+
+def test_the_checkpoints_of_the_first_layout_still_resume(model, tmp_path):
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    model.save_weights(str(backup / "epoch-0003.weights.h5"))
+    (backup / "training_metadata.json").write_text(json.dumps(
+        {"epoch": 3, "weights": "epoch-0003.weights.h5", "steps_per_epoch": 7}))
+    point = RunFolder(str(tmp_path)).read_backup()
+    assert (point.epoch, point.step, point.steps_per_epoch) == (3, 0, 7)
+
+
+HOLD = ("import sys, time; from caco_tf.training.run_folder import RunFolder; "
+        "lock = RunFolder(sys.argv[1]).lock(); print('held', flush=True); time.sleep(120)")
+
+
+def test_one_writer_per_run_folder_and_a_dead_holder_does_not_block(tmp_path):
+    folder = RunFolder(str(tmp_path / "run"))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, folder.path], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderError) as caught:
+            folder.lock()
+        assert str(caught.value) == (
+            f"{folder.path} is in use by process {holder.pid} on {os.uname().nodename} "
+            f"(since {json.load(open(folder.lock_path))['started']}): wait for it to end or "
+            f"stop it, or pass another --run-dir")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with folder.lock():  # the kernel released the dead holder's lock
+        assert json.load(open(folder.lock_path))["pid"] == os.getpid()
+
+
+def test_training_onto_a_full_disk_ends_in_one_error_line(tmp_path):
+    """caco-train whose run folder's disk fills up: one ``error:`` line naming the path and
+    the cause, exit status 74, no traceback."""
+    from caco_tf.data import load_offline_mnist
+
+    images, labels = load_offline_mnist()["train"]
+    data = tmp_path / "digits.npz"
+    np.savez(data, images=images[:128], labels=labels[:128])
+    with tmpfs(tmp_path / "disk", 48 * 1024) as disk:
+        run_dir = os.path.join(disk, "run")
+        env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
+                   CUDA_VISIBLE_DEVICES="")
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "train.py"), "--run-dir", run_dir, "--quiet",
+             "--set", f"data.source=npz:{data}", "--set", "train.epochs=2", "--set", "caco.warmup_epochs=1",
+             "--set", "train.batch_size=64", "--set", "caco.bank_size=64",
+             "--set", "model.projector_hidden=32", "--set", "model.embedding_dim=16",
+             "--set", "evaluation.knn_monitor_every=0", "--set", "evaluation.health_images=0"],
+            cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 74, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"cannot write {run_dir}" in errors[0]
+    assert "No space left on device" in errors[0] and "free space on its disk" in errors[0]
