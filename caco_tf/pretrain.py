@@ -72,27 +72,24 @@ def run(config, run_dir, verbose=1):
     chief = distribute.is_chief(strategy)
     folder = RunFolder(run_dir)
     with contextlib.ExitStack() as stack:
-        if chief:
-            try:
-                os.makedirs(run_dir, exist_ok=True)
-            except OSError as error:
-                raise write_error(error, run_dir) from error
-            stack.enter_context(folder.lock())
         signals = stack.enter_context(interrupts.StopSignals())
         try:
-            return _run(config, folder, strategy, chief, signals, verbose)
+            return _run(config, folder, strategy, chief, signals, verbose, stack)
         except (OSError, RuntimeError) as error:  # the run folder's writes (h5py's too);
             if not is_write_failure(error):     # reads fail as DataError earlier
                 raise
             raise write_error(error, run_dir) from error
 
 
-def _run(config, folder, strategy, chief, signals, verbose):
+def _run(config, folder, strategy, chief, signals, verbose, stack):
     run_dir = folder.path
     keras.utils.set_random_seed(config["train"]["seed"])
     train, held_out = load_data(config)
     check_sizes(config, len(train), strategy.num_replicas_in_sync)
     probe_classes = online_probe_classes(config, train)
+    if chief:  # the settings and data are sound: take the run folder (held until the end)
+        os.makedirs(run_dir, exist_ok=True)
+        stack.enter_context(folder.lock())
     batch = config["train"]["batch_size"]
     steps_per_epoch = len(train) // batch
     backup = folder.read_backup()

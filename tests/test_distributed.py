@@ -154,42 +154,58 @@ def _wait(process, timeout):
         return process.wait()
 
 
-def test_multiworker_run_survives_a_lost_worker(tmp_path):
-    """Two local workers train 2 epochs of the offline default; worker 1 is killed in epoch 2;
-    both are relaunched with the same commands and the run finishes from the epoch-1 backup."""
+def _newest_save(run_dir):
+    with open(os.path.join(run_dir, "backup", "training_metadata.json")) as handle:
+        return json.load(handle)["checkpoints"][0]
+
+
+def test_multiworker_run_survives_a_signal_and_a_lost_worker(tmp_path):
+    """Two local workers train 2 epochs of the offline default.  SIGTERM to worker 1 alone in
+    epoch 2: both workers save the same step (the chief writes) and exit with 143; relaunched,
+    worker 1 is then killed (SIGKILL); relaunched again, the run finishes from the saves."""
     run_dir, logs = str(tmp_path / "run"), str(tmp_path)
     ports = _free_ports(2)
     workers = [_launch(i, ports, run_dir, logs, attempt=1) for i in range(2)]
     deadline = time.time() + 240
     while not _epochs_logged(run_dir) and time.time() < deadline:
         assert all(w.poll() is None for w in workers), open(f"{logs}/worker0-1.log").read()[-3000:]
-        time.sleep(0.5)
+        time.sleep(0.2)
     first = _epochs_logged(run_dir)
     assert [row["epoch"] for row in first] == [1], "epoch 1 never finished"
-    os.killpg(workers[1].pid, signal.SIGKILL)  # lose a worker in the middle of epoch 2
+    workers[1].send_signal(signal.SIGTERM)  # a preemption of the non-chief worker only
+    codes = [_wait(w, 60) for w in workers]
+    chief_log = open(f"{logs}/worker0-1.log").read()
+    assert codes == [143, 143], chief_log[-3000:]
+    saved = _newest_save(run_dir)
+    assert saved["epoch"] == 1 and saved["step"] > 0, saved  # inside epoch 2
+    assert f"(global step {saved['iterations']}); saved in" in chief_log
+    assert f"(global step {saved['iterations']}); the chief saved it" in open(
+        f"{logs}/worker1-1.log").read()
+
+    workers = [_launch(i, ports, run_dir, logs, attempt=2) for i in range(2)]
+    time.sleep(2)
+    os.killpg(workers[1].pid, signal.SIGKILL)  # lose a worker
     _wait(workers[1], 10)
     # The chief would notice the lost heartbeats after about a minute; a scheduler stops it.
     _wait(workers[0], 5)
-    assert _epochs_logged(run_dir) == first, "epoch 2 cannot have finished without worker 1"
 
-    workers = [_launch(i, ports, run_dir, logs, attempt=2) for i in range(2)]
+    workers = [_launch(i, ports, run_dir, logs, attempt=3) for i in range(2)]
     codes = [_wait(w, 240) for w in workers]
-    assert codes == [0, 0], open(f"{logs}/worker0-2.log").read()[-3000:]
+    assert codes == [0, 0], open(f"{logs}/worker0-3.log").read()[-3000:]
 
     history = _epochs_logged(run_dir)
     assert [row["epoch"] for row in history] == [1, 2]
     assert history[0] == first[0]  # epoch 1 was restored, not redone
-    with open(os.path.join(run_dir, "backup", "training_metadata.json")) as handle:
-        assert json.load(handle)["epoch"] == 2
+    assert _newest_save(run_dir)["epoch"] == 2
     with open(os.path.join(run_dir, "results.json")) as handle:
         results = json.load(handle)
     assert results["replicas"] == 2 and results["knn_top1"] > 50.0
     # Only the chief wrote, and only into the run folder's known places.
-    assert sorted(os.listdir(run_dir)) == ["backup", "checkpoints", "config.yaml",
+    assert sorted(os.listdir(run_dir)) == [".lock", "backup", "checkpoints", "config.yaml",
                                            "history.json", "model.keras", "results.json",
                                            "saved_model", "tensorboard"]
     assert os.path.isdir(os.path.join(run_dir, "saved_model", "backbone", "1"))
-    with open(os.path.join(logs, "worker1-2.log")) as handle:
+    with open(os.path.join(logs, "worker1-3.log")) as handle:
         assert "run folder:" not in handle.read()  # the chief alone reports
 
 
