@@ -3,7 +3,9 @@
     caco-train                                        # offline MNIST default, ~10 CPU minutes
     caco-train --config configs/NAME.yaml [--set key=value ...] [--run-dir DIR]
 
-Re-running the same command resumes the run from its last finished epoch.
+Re-running the same command resumes the run where it stopped.  Ctrl-C and SIGTERM finish the
+step, save and exit with 130 / 143; a failed write to the run folder exits with 74; a setting or
+file to fix with 2 (docs/long-runs.md).
 """
 
 import os
