@@ -108,7 +108,10 @@ def _run(config, folder, strategy, chief, signals, verbose, stack):
     with _dtype_policy(config["train"]["precision"]), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
-    skipped = data.SkippedFiles()  # unreadable images: skipped, reported once per epoch
+    # Unreadable images: skipped, reported once per epoch, listed in the run folder.
+    skipped = data.SkippedFiles(list_path=folder.skipped_files if chief else None)
+    if chief:
+        print(data.describe_inputs(train, held_out, folder.skipped_files), flush=True)
     # Epoch e is its own seeded pass over the images: a resumed run starts at the epoch and
     # step it stopped at, with the images, order and views it would have had.  With the
     # online probe the batches carry the labels, which only the probe reads; the views are

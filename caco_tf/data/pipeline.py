@@ -2,13 +2,13 @@
 
 Files and TFDS records stay encoded until the pipeline's parallel map decodes them, next to the
 augmentation.  Every image is decoded to the configured channels: grayscale is replicated to
-RGB, RGB goes to gray through the luma, an alpha channel is dropped (``images.decode_image``,
-the same decoding the exported model serves).
+RGB, RGB goes to gray through the luma, an alpha channel is dropped
+(``images.decode_file_image``: the decoding the exported model serves, and TIFF).
 
 Bad input: a corrupt or truncated file is skipped, never crashes a run; ``SkippedFiles``
 counts them and reports once per epoch (count and a few names).  A file is checked cheaply
 before decoding (a known signature and an intact end: JPEG's EOI marker, PNG's IEND chunk,
-GIF's trailer, BMP's declared size); anything that still fails to decode is dropped by
+GIF's trailer, BMP's and WebP's declared size); anything that still fails to decode is dropped by
 ``ignore_errors`` and counted without a name.
 
 Distribution: ``distribute`` builds one pipeline per input pipeline (worker) with the
@@ -25,21 +25,25 @@ import numpy as np
 import tensorflow as tf
 
 from caco_tf.data import augment
-from caco_tf.data.images import decode_image, resize_and_center_crop, to_unit_float
-from caco_tf.data.sources import ArraySource, DataError, Source, _labelled, count_gaps
+from caco_tf.data.images import decode_file_image, resize_and_center_crop, to_unit_float
+from caco_tf.data.sources import (UNREADABLE, ArraySource, DataError, Source, _labelled,
+                                  count_gaps)
 
 log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- bad input
 class SkippedFiles:
-    """Undecodable images met by the pipelines; ``report`` logs one warning and resets."""
+    """Undecodable images met by the pipelines; ``report`` logs one warning and resets.
 
-    def __init__(self, examples=3):
-        self.examples = examples
+    ``list_path``: a file (the run folder's ``skipped_files.txt``) to which each skipped
+    file's name is appended once, after the reason ``unreadable`` and a tab."""
+
+    def __init__(self, examples=3, list_path=None):
+        self.examples, self.list_path = examples, list_path
         self.total = 0
         self._lock = threading.Lock()
-        self._count, self._names = 0, []
+        self._count, self._names, self._listed = 0, [], set()
 
     def record(self, name):
         """Called from the pipeline (``tf.py_function``) for each skipped file."""
@@ -49,6 +53,10 @@ class SkippedFiles:
             self.total += 1
             if len(self._names) < self.examples and name not in self._names:
                 self._names.append(name)
+            if self.list_path and name not in self._listed:
+                self._listed.add(name)
+                with open(self.list_path, "a") as handle:
+                    handle.write(f"{UNREADABLE}\t{name}\n")
         return np.int64(0)
 
     def record_unnamed(self, count):
@@ -65,8 +73,10 @@ class SkippedFiles:
             self._count, self._names = 0, []
         if count:
             shown = ", ".join(names) + (", ..." if count > len(names) else "")
-            log.warning("%s: skipped %d unreadable image file%s (%s)", when, count,
-                        "s" if count != 1 else "", shown or "names unknown: decode errors")
+            listed = f"; the list: {self.list_path}" if self.list_path else ""
+            log.warning("%s: skipped %d unreadable image file%s (%s)%s", when, count,
+                        "s" if count != 1 else "", shown or "names unknown: decode errors",
+                        listed)
         return count
 
     def callback(self):
@@ -76,14 +86,16 @@ class SkippedFiles:
 
 
 def looks_complete(contents):
-    """Cheap check that encoded bytes are a whole JPEG, PNG, GIF or BMP file.
+    """Cheap check that encoded bytes are a whole JPEG, PNG, GIF, BMP, WebP or TIFF file.
 
     A known signature and an intact end: JPEG's EOI marker (FF D9) or PNG's IEND chunk among
-    the last 256 bytes (some writers append a trailer), GIF's final ';', BMP's declared size.
+    the last 256 bytes (some writers append a trailer), GIF's final ';', BMP's and WebP's
+    declared size (TIFF has no end to check: a truncated one fails to decode, and is counted).
     A truncated file or a non-image fails it.
     """
     length = tf.strings.length(contents)
-    head = tf.strings.substr(tf.strings.join([tf.strings.substr(contents, 0, 8), "\0" * 8]), 0, 8)
+    head = tf.strings.substr(tf.strings.join([tf.strings.substr(contents, 0, 12), "\0" * 12]),
+                             0, 12)
     head = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
     tail = tf.io.decode_raw(tf.strings.substr(contents, tf.maximum(length - 256, 0), 256),
                             tf.uint8)
@@ -107,7 +119,12 @@ def looks_complete(contents):
     declared = tf.reduce_sum(head[2:6] * tf.constant([1, 256, 65536, 2 ** 24], tf.int64))
     bmp = tf.logical_and(starts(0x42, 0x4D), tf.logical_and(
         length >= 26, tf.cast(length, tf.int64) >= declared))
-    return tf.logical_and(length > 8, jpeg | png | gif | bmp)
+    riff = tf.reduce_sum(head[4:8] * tf.constant([1, 256, 65536, 2 ** 24], tf.int64)) + 8
+    webp = tf.logical_and(starts(0x52, 0x49, 0x46, 0x46), tf.logical_and(  # "RIFF"
+        tf.reduce_all(tf.equal(head[8:12], [0x57, 0x45, 0x42, 0x50])),     # "WEBP"
+        tf.cast(length, tf.int64) >= riff))
+    tiff = starts(0x49, 0x49, 0x2A, 0x00) | starts(0x4D, 0x4D, 0x00, 0x2A)  # no end marker
+    return tf.logical_and(length > 8, jpeg | png | gif | bmp | webp | tiff)
 
 
 def _checker(source, skipped):
@@ -141,7 +158,7 @@ def _decoder(source, channels, skipped):
             with tf.control_dependencies(marks):
                 return tf.zeros([1, 1, channels], tf.uint8)
 
-        image = tf.cond(ok, lambda: decode_image(contents, channels), bad)
+        image = tf.cond(ok, lambda: decode_file_image(contents, channels), bad)
         return image, ok
 
     return decode

@@ -4,7 +4,8 @@
 
 - ``mnist`` / ``mnist_validation``: the embedded offline MNIST split (``load_offline_mnist``);
 - ``npz:PATH``: an .npz with ``images`` (and optionally ``labels``) or an .npy of images;
-- ``folder:PATH``: image files (.jpg, .jpeg, .png, .bmp, .gif; RGB, grayscale or RGBA), with
+- ``folder:PATH``: image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff, in any case;
+  RGB, grayscale, RGBA, palette, CMYK or 16-bit; JPEGs turned upright by their EXIF), with
   one sub-folder per class giving the labels, or all directly in PATH (unlabelled); a folder
   laid out as ImageNet's (``train/`` and ``val/``, each of class sub-folders) gives both
   splits;
@@ -32,7 +33,9 @@ from caco_tf.data import images as images_lib
 from caco_tf.errors import DataError
 
 MNIST_TRAIN = 4000  # the offline split: permutation(seed 0), first 4,000 train, last 1,000 held out
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+UNSUPPORTED = "unsupported type"  # the reason a listed file is passed over
+UNREADABLE = "unreadable"         # the reason a file the pipeline met is passed over
 SOURCES = "mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or tfrecord:GLOB"
 # Record sources shuffle through a buffer of this many encoded images (ImageNet's average ~110 kB:
 # ~1.8 GB) after reading RECORD_CYCLE files at a time in a seeded random order.
@@ -354,12 +357,27 @@ SPLIT_FOLDERS = ("train", "val", "validation", "test")
 HELD_OUT_FOLDERS = ("val", "validation", "test")  # in this order of preference
 
 
-def _images_under(folder):
+def is_image_name(name):
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def split_image_files(paths, passed_over=None):
+    """The image files among ``paths`` (by their extension, in any case); the others are
+    appended to ``passed_over`` as (path, ``UNSUPPORTED``)."""
+    images = []
+    for path in paths:
+        if is_image_name(path):
+            images.append(path)
+        elif passed_over is not None:
+            passed_over.append((path, UNSUPPORTED))
+    return images
+
+
+def _images_under(folder, passed_over=None):
     found = []
     for root, dirs, files in os.walk(folder, onerror=_raise_unreadable):
         dirs.sort()
-        found += [os.path.join(root, f) for f in sorted(files)
-                  if f.lower().endswith(IMAGE_EXTENSIONS)]
+        found += split_image_files([os.path.join(root, f) for f in sorted(files)], passed_over)
     return found
 
 
@@ -382,7 +400,7 @@ def split_folders(path):
     folders = [e for e in entries if os.path.isdir(os.path.join(path, e))]
     if "train" not in folders or not set(folders) <= set(SPLIT_FOLDERS):
         return None
-    if any(e.lower().endswith(IMAGE_EXTENSIONS) for e in entries):
+    if any(is_image_name(e) for e in entries):
         return None  # images beside the folders: a flat, unlabelled folder after all
     held_out = next((f for f in HELD_OUT_FOLDERS if f in folders), None)
     return os.path.join(path, "train"), held_out and os.path.join(path, held_out)
@@ -396,8 +414,9 @@ def folder_source(path, class_names=None):
     """
     entries = _list_folder(path)
     classes = [e for e in entries if os.path.isdir(os.path.join(path, e))]
+    passed_over = []
     if classes:
-        per_class = [_images_under(os.path.join(path, c)) for c in classes]
+        per_class = [_images_under(os.path.join(path, c), passed_over) for c in classes]
         classes = [c for c, files in zip(classes, per_class) if files]
         per_class = [files for files in per_class if files]
         paths = [p for files in per_class for p in files]
@@ -415,11 +434,15 @@ def folder_source(path, class_names=None):
         labels = np.concatenate([np.full(len(files), i, np.int64)
                                  for i, files in zip(ids, per_class)]) if paths else None
     else:
-        paths = [os.path.join(path, e) for e in entries if e.lower().endswith(IMAGE_EXTENSIONS)]
+        paths = split_image_files([os.path.join(path, e) for e in entries
+                                   if not os.path.isdir(os.path.join(path, e))], passed_over)
         labels = None
     if not paths:
-        raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {path}")
-    return FileSource(np.asarray(paths), labels, tuple(classes), name=path)
+        raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {path}"
+                        f"{f' ({len(passed_over)} files of other types)' if passed_over else ''}")
+    source = FileSource(np.asarray(paths), labels, tuple(classes), name=path)
+    source.passed_over = passed_over
+    return source
 
 
 def _raise_unreadable(error):
@@ -791,3 +814,31 @@ class Selection(Source):
 
     def load(self, item):
         return self.source.load(item)
+
+
+def passed_over(*sources):
+    """(path, reason) of every file the sources' listing passed over (not an image type)."""
+    return [entry for source in sources if source is not None
+            for entry in getattr(source, "passed_over", ())]
+
+
+def describe_inputs(train, held_out=None, list_path=None):
+    """One line: the images used per split and the files passed over, by reason; writes the
+    passed-over files to ``list_path`` (one ``reason<TAB>path`` line each) when given."""
+    line = f"images: {len(train):,} for training"
+    if held_out is not None:
+        line += f", {len(held_out):,} held out"
+    skipped = passed_over(train, held_out)
+    if list_path is not None:
+        with open(list_path, "w") as handle:
+            handle.writelines(f"{reason}\t{path}\n" for path, reason in skipped)
+    if skipped:
+        line += (f"; passed over {len(skipped):,} file{'s' * (len(skipped) > 1)} of an "
+                 f"unsupported type ({', '.join(sorted({_extension(p) for p, _ in skipped}))})")
+    if list_path is not None and (skipped or train.encoded):
+        line += f"; files passed over are listed in {list_path}"
+    return line
+
+
+def _extension(path):
+    return os.path.splitext(path)[1].lower() or "no extension"

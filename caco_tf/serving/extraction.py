@@ -32,9 +32,9 @@ import tensorflow as tf
 from numpy.lib.format import open_memmap
 
 from caco_tf.data import images as image_ops
+from caco_tf.data.sources import IMAGE_EXTENSIONS, split_image_files
 from caco_tf.errors import ExtractionError
 
-IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
 # records: an iterator of (uint8 image [H, W, c] or None when unreadable, label, name).
 Source = collections.namedtuple("Source", "count classes records")
@@ -85,11 +85,16 @@ def list_image_files(folder):
     def fail(error):
         raise ExtractionError(f"cannot read {error.filename}: {error.strerror}")
 
-    files = []
+    files, passed_over = [], []
     for root, folders, names in os.walk(folder, onerror=fail):
         folders.sort()
-        files += [os.path.join(root, name) for name in sorted(names)
-                  if name.lower().endswith(IMAGE_EXTENSIONS)]
+        files += split_image_files([os.path.join(root, name) for name in sorted(names)],
+                                   passed_over)
+    if passed_over:
+        print(f"warning: passed over {len(passed_over)} file{'s' * (len(passed_over) > 1)} "
+              f"of another type than {' '.join(IMAGE_EXTENSIONS)} under {folder} ("
+              f"{', '.join(path for path, _ in passed_over[:3])}"
+              f"{', ...' if len(passed_over) > 3 else ''})", file=sys.stderr)
     if not files:
         raise ExtractionError(f"no images ({' '.join(IMAGE_EXTENSIONS)}) under {folder}")
     return files
@@ -99,7 +104,7 @@ def _read_image(path):
     """uint8 RGB [H, W, 3], or None when the file cannot be read or decoded."""
     try:
         with open(path, "rb") as handle:
-            return image_ops.decode_rgb(handle.read()).numpy()
+            return image_ops.decode_file_rgb(handle.read()).numpy()
     except (OSError, tf.errors.OpError):
         return None
 
