@@ -16,7 +16,7 @@ from caco_tf.build import build_model, build_views, load_data, warmup_steps
 from caco_tf.evaluation import knn
 from caco_tf.evaluation.monitor import KNNMonitor
 from caco_tf.serving import export
-from caco_tf.training import callbacks, distribute, interrupts
+from caco_tf.training import callbacks, distribute, interrupts, peers
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
@@ -68,7 +68,8 @@ def run(config, run_dir, verbose=1):
     ``run_folder.WriteError``.
     """
     # First: a multi-worker strategy must be created before TensorFlow runs any op.
-    strategy = distribute.make_strategy(config["distribute"]["strategy"])
+    strategy = distribute.make_strategy(config["distribute"]["strategy"],
+                                        config["distribute"]["collective_timeout_seconds"])
     chief = distribute.is_chief(strategy)
     folder = RunFolder(run_dir)
     with contextlib.ExitStack() as stack:
@@ -133,13 +134,21 @@ def _run(config, folder, strategy, chief, signals, verbose, stack):
                               every_minutes=config["train"]["checkpoint_every_minutes"],
                               signals=signals)
     loggers = _loggers(folder) if chief else []
+    stuck = peers.watchdog(strategy, config["distribute"]["collective_timeout_seconds"])
     try:
         model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
                   shuffle=False,  # the dataset shuffles itself, once per epoch
                   verbose=verbose if chief else 0,
                   callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
+                  + ([stuck] if stuck else [])
                   + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
                   + [skipped.callback()])
+    except tf.errors.OpError as error:  # a lost peer, under a multi-worker strategy
+        lost = distribute.is_multi_worker(strategy) and peers.peer_error(
+            error, int(model.optimizer.iterations.numpy()), stuck)
+        if not lost:
+            raise
+        raise lost from None
     except Interrupted:
         for logger in loggers:
             if isinstance(logger, keras.callbacks.TensorBoard):

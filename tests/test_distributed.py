@@ -123,7 +123,7 @@ def _free_ports(count):
     return ports
 
 
-def _launch(index, ports, run_dir, log_dir, attempt):
+def _launch(index, ports, run_dir, log_dir, attempt, *extra):
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
                TF_CONFIG=json.dumps({"cluster": cluster,
@@ -133,7 +133,7 @@ def _launch(index, ports, run_dir, log_dir, attempt):
                "--set", "train.epochs=2", "--set", "caco.warmup_epochs=1",
                "--set", "train.batch_size=512", "--set", "caco.bank_size=1024",
                "--set", "model.widths=[16,32,64,128]", "--set", "model.projector_hidden=256",
-               "--set", "train.jit_compile=false", "--run-dir", run_dir, "--quiet"]
+               "--set", "train.jit_compile=false", "--run-dir", run_dir, "--quiet", *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -211,6 +211,36 @@ def test_multiworker_run_survives_a_signal_and_a_lost_worker(tmp_path):
         assert "run folder:" not in handle.read()  # the chief alone reports
 
 
+def test_no_worker_waits_forever_for_a_stopped_peer(tmp_path):
+    """Worker 1 is paused (SIGSTOP) in epoch 2: worker 0 does not wait for ever; it ends with
+    one line naming the step and worker 1, exit status 75, so a scheduler can relaunch."""
+    run_dir, logs = str(tmp_path / "run"), str(tmp_path)
+    ports = _free_ports(2)
+    timeout = ["--set", "distribute.collective_timeout_seconds=10"]
+    workers = [_launch(i, ports, run_dir, logs, 1, *timeout) for i in range(2)]
+    try:
+        deadline = time.time() + 240
+        while not _epochs_logged(run_dir) and time.time() < deadline:
+            assert all(w.poll() is None for w in workers), open(
+                f"{logs}/worker0-1.log").read()[-3000:]
+            time.sleep(0.2)
+        workers[1].send_signal(signal.SIGSTOP)
+        stopped = time.time()
+        code = _wait(workers[0], 120)
+        waited = time.time() - stopped
+    finally:
+        os.killpg(workers[1].pid, signal.SIGKILL)
+        _wait(workers[1], 10)
+    log = open(f"{logs}/worker0-1.log").read()
+    assert code == 75, log[-3000:]
+    assert waited < 90 and "Traceback" not in log
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: worker task 1 is not answering: "
+                                                     "global step "), errors
+    assert errors[0].endswith("relaunch every worker with the same command: the run resumes "
+                              "from its last save")
+
+
 def test_xla_is_kept_on_one_device_and_dropped_across_cpu_replicas(caplog):
     from caco_tf.build import use_xla
     assert use_xla(True, 1) is True and use_xla(False, 2) is False
@@ -219,3 +249,34 @@ def test_xla_is_kept_on_one_device_and_dropped_across_cpu_replicas(caplog):
         return
     assert use_xla(True, 2) is False
     assert "no collectives across CPU replicas" in caplog.text
+
+
+def test_a_lost_peer_is_named_from_the_coordination_service_or_the_watchdog(monkeypatch):
+    from caco_tf.training import peers
+
+    heartbeats = tf.errors.UnavailableError(None, None, (
+        "Collective ops is aborted by: Error reported from /job:worker/task:0: The following "
+        "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:2\nThe "
+        "tasks have crashed."))
+    assert str(peers.peer_error(heartbeats, 41)) == (
+        "worker task 2 is not answering: global step 42 could not finish (its heartbeats "
+        "stopped); relaunch every worker with the same command: the run resumes from its last "
+        "save")
+    assert peers.peer_error(tf.errors.InvalidArgumentError(None, None, "a bug"), 1) is None
+
+    watchdog = peers.StuckPeerWatchdog(10, ("worker", 0), [("worker", i) for i in range(4)],
+                                       exit=lambda status: None)
+    watchdog._step = 100
+    snapshots = iter([{("worker", 1): (5, 100, "step"), ("worker", 2): (7, 100, "step"),
+                       ("worker", 3): (9, 99, "step")},
+                      {("worker", 1): (5, 100, "step"), ("worker", 2): (8, 100, "input"),
+                       ("worker", 3): (10, 99, "step")}])
+    monkeypatch.setattr(watchdog, "_read", lambda: next(snapshots))
+    monkeypatch.setattr(peers, "PUBLISH_EVERY", 0.0)
+    assert watchdog.behind() == ("worker task 1 is not answering, worker task 2 is waiting for "
+                                 "its input data, worker task 3 is behind, at step 99")
+    deadline = tf.errors.DeadlineExceededError(None, None, "Collective ... /job:worker/task:0")
+    monkeypatch.setattr(watchdog, "behind", lambda: "worker task 3 is behind, at step 99")
+    assert str(peers.peer_error(deadline, 100, watchdog)).startswith(
+        "worker task 3 is behind, at step 99: global step 101 could not finish (a collective "
+        "waited longer than distribute.collective_timeout_seconds)")

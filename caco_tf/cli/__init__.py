@@ -118,9 +118,11 @@ def guard(work, cleanup=None):
     """``work()``, which returns the exit status; a ``UserError`` it raises becomes one
     ``error: ...`` line and its exit status (2, or the error's ``exit_status``: 74 for a failed
     write), after ``cleanup()`` if given; a run stopped by a signal after saving
-    (``Interrupted``) prints where it stopped and exits with 128 + the signal's number."""
+    (``Interrupted``) prints where it stopped and exits with 128 + the signal's number; a lost
+    peer of a multi-worker run (``PeerError``) is one ``error:`` line and exit status 75."""
     from caco_tf.errors import UserError
     from caco_tf.training.interrupts import Interrupted
+    from caco_tf.training.peers import PeerError
 
     try:
         return work()
@@ -132,6 +134,9 @@ def guard(work, cleanup=None):
     except Interrupted as stop:
         print(one_line(stop), file=sys.stderr)
         return stop.exit_status
+    except PeerError as lost:
+        print(f"error: {one_line(lost)}", file=sys.stderr)
+        return lost.exit_status
 
 
 def one_line(error):

@@ -150,6 +150,7 @@ class MomentumEncoderMethod(keras.Model):
         self.uniformity_tracker = keras.metrics.Mean(name="uniformity")
         self._bank_ready = self.warmup_steps == 0
         self.input_wait = 0.0  # seconds the steps waited for their batches (a data stall)
+        self.waiting_for_input = False
 
         self.online_probe = None
         if online_probe_classes:
@@ -296,7 +297,9 @@ class MomentumEncoderMethod(keras.Model):
             logs = None
             for _ in range(self.steps_per_execution):
                 start = time.perf_counter()
+                self.waiting_for_input = True  # read by peers.StuckPeerWatchdog
                 batch = next(iterator)
+                self.waiting_for_input = False
                 self.input_wait += time.perf_counter() - start
                 logs = self._step_function()([batch])
             return logs

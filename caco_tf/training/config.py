@@ -95,6 +95,9 @@ DEFAULTS = {
     },
     "distribute": {
         "strategy": "auto",        # auto | default | mirrored | multiworker (caco_tf.distribute)
+        # Multi-worker runs: a collective that waits longer than this for a peer (a hung or
+        # paused machine) ends every worker that waits, with one line (0: wait forever).
+        "collective_timeout_seconds": 600.0,
     },
     "evaluation": {
         "knn_k": 5,
@@ -340,6 +343,7 @@ RULES = {
     "train.stop_on_collapse": boolean(),
     "train.checkpoint_every_minutes": number(0.0),
     "distribute.strategy": choice(*STRATEGIES),
+    "distribute.collective_timeout_seconds": number(0.0),
     "evaluation.knn_k": integer(1),
     "evaluation.knn_temperature": number(0.0, low_open=True),
     "evaluation.batch_size": integer(1),
@@ -416,6 +420,9 @@ HELP = {
     "train.checkpoint_every_minutes": "save the resume state inside an epoch every N minutes, "
                                       "so a hard kill loses at most that (0: at epoch ends only)",
     "distribute.strategy": "auto: mirrored when several GPUs are visible, else one device",
+    "distribute.collective_timeout_seconds": "multi-worker runs: seconds a worker waits for "
+                                             "its peers at a collective before it stops with "
+                                             "one line, exit status 75 (0: forever)",
     "evaluation.knn_k": "neighbours of the end-of-run kNN and caco-evaluate knn",
     "evaluation.knn_temperature": "the vote temperature of that kNN",
     "evaluation.batch_size": "the batch of every evaluation pass",

@@ -75,13 +75,15 @@ def all_gather(value):
 
 
 # ---------------------------------------------------------------------- strategies for a run
-def make_strategy(name="auto"):
+def make_strategy(name="auto", collective_timeout=None):
     """The ``tf.distribute`` strategy a run asks for.
 
     ``auto``: MirroredStrategy over the visible GPUs when there is more than one, else the
     default (one device).  ``mirrored``: MirroredStrategy over every GPU, or every logical CPU
     device when there is no GPU (how the tests get two replicas on one CPU).  ``multiworker``:
-    MultiWorkerMirroredStrategy, the cluster and this process's task read from ``TF_CONFIG``.
+    MultiWorkerMirroredStrategy, the cluster and this process's task read from ``TF_CONFIG``,
+    whose collectives give up after ``collective_timeout`` seconds (None or 0: never) with
+    ``tf.errors.DeadlineExceededError``, so that no worker waits forever for a stuck peer.
     The global batch stays what the config says; each replica gets its share.
     """
     from caco_tf.training.config import ConfigError
@@ -99,7 +101,9 @@ def make_strategy(name="auto"):
         if "TF_CONFIG" not in os.environ:
             raise ConfigError("distribute.strategy multiworker needs TF_CONFIG (cluster and "
                               "this worker's task); see docs/distributed.md")
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=float(collective_timeout) if collective_timeout else None)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     raise ConfigError(f"unknown distribute.strategy {name!r}")
 
 
