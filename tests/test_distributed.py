@@ -159,10 +159,10 @@ def _newest_save(run_dir):
         return json.load(handle)["checkpoints"][0]
 
 
-def test_multiworker_run_survives_a_signal_and_a_lost_worker(tmp_path):
+def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path):
     """Two local workers train 2 epochs of the offline default.  SIGTERM to worker 1 alone in
     epoch 2: both workers save the same step (the chief writes) and exit with 143; relaunched,
-    worker 1 is then killed (SIGKILL); relaunched again, the run finishes from the saves."""
+    the run finishes from that save.  (A worker lost for good: the next test.)"""
     run_dir, logs = str(tmp_path / "run"), str(tmp_path)
     ports = _free_ports(2)
     workers = [_launch(i, ports, run_dir, logs, attempt=1) for i in range(2)]
@@ -185,15 +185,8 @@ def test_multiworker_run_survives_a_signal_and_a_lost_worker(tmp_path):
         f"{logs}/worker1-1.log").read()
 
     workers = [_launch(i, ports, run_dir, logs, attempt=2) for i in range(2)]
-    time.sleep(2)
-    os.killpg(workers[1].pid, signal.SIGKILL)  # lose a worker
-    _wait(workers[1], 10)
-    # The chief would notice the lost heartbeats after about a minute; a scheduler stops it.
-    _wait(workers[0], 5)
-
-    workers = [_launch(i, ports, run_dir, logs, attempt=3) for i in range(2)]
     codes = [_wait(w, 240) for w in workers]
-    assert codes == [0, 0], open(f"{logs}/worker0-3.log").read()[-3000:]
+    assert codes == [0, 0], open(f"{logs}/worker0-2.log").read()[-3000:]
 
     history = _epochs_logged(run_dir)
     assert [row["epoch"] for row in history] == [1, 2]
@@ -205,9 +198,9 @@ def test_multiworker_run_survives_a_signal_and_a_lost_worker(tmp_path):
     # Only the chief wrote, and only into the run folder's known places.
     assert sorted(os.listdir(run_dir)) == [".lock", "backup", "checkpoints", "config.yaml",
                                            "history.json", "model.keras", "results.json",
-                                           "saved_model", "tensorboard"]
+                                           "saved_model", "skipped_files.txt", "tensorboard"]
     assert os.path.isdir(os.path.join(run_dir, "saved_model", "backbone", "1"))
-    with open(os.path.join(logs, "worker1-3.log")) as handle:
+    with open(os.path.join(logs, "worker1-2.log")) as handle:
         assert "run folder:" not in handle.read()  # the chief alone reports
 
 

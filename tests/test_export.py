@@ -233,7 +233,7 @@ def image_folder(exported, tmp_path):
     write("b/1_large.jpg", tf.io.encode_jpeg(np.repeat(np.repeat(digits[0], 2, 0), 3, 1)))
     Image.fromarray(digits[2, ..., 0]).save(folder / "b" / "2_digit.gif")
     write("top.png", tf.io.encode_png(digits[1]))
-    write("b/notes.txt", b"not an image and not listed")
+    write("b/notes.txt", b"not an image: passed over, with a warning")
     return folder
 
 
@@ -245,7 +245,10 @@ def test_extract_features_from_an_image_folder(exported, image_folder, tmp_path)
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert warnings == [f"warning: skipped 1 unreadable image file(s): "
+    assert warnings == [f"warning: passed over 1 file of another type than .jpg .jpeg .png "
+                        f".bmp .gif .webp .tif .tiff under {image_folder} "
+                        f"({image_folder / 'b' / 'notes.txt'})",
+                        f"warning: skipped 1 unreadable image file(s): "
                         f"{image_folder / 'a' / '2_broken.png'}"]
     assert f"features: {out / 'features.npy'} [6, 256]" in result.stdout
     assert f"7/7 [{'=' * 30}]" in result.stderr  # the progress bar's last state
@@ -282,9 +285,12 @@ def test_extract_embeddings_from_an_npz(exported, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("source, message", [
-    ("empty", "error: no images (.bmp .gif .jpeg .jpg .png) under {path}"),
+    ("empty", "error: no images (.jpg .jpeg .png .bmp .gif .webp .tif .tiff) under {path} "
+              "(1 file of another type)"),
     ("missing", "error: not a readable folder: {path}"),
-    ("corrupt", "error: none of the 1 images could be read"),
+    ("corrupt", "warning: passed over 1 file of another type than .jpg .jpeg .png .bmp .gif "
+                ".webp .tif .tiff under {path} ({path}/readme.txt)\n"
+                "error: none of the 1 images could be read"),
 ])
 def test_extract_features_rejects_an_empty_missing_or_unreadable_folder(
         exported, tmp_path, capsys, source, message):

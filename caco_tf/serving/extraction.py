@@ -90,13 +90,15 @@ def list_image_files(folder):
         folders.sort()
         files += split_image_files([os.path.join(root, name) for name in sorted(names)],
                                    passed_over)
+    if not files:
+        others = (f" ({len(passed_over)} file{'s' * (len(passed_over) > 1)} of another type)"
+                  if passed_over else "")
+        raise ExtractionError(f"no images ({' '.join(IMAGE_EXTENSIONS)}) under {folder}{others}")
     if passed_over:
         print(f"warning: passed over {len(passed_over)} file{'s' * (len(passed_over) > 1)} "
               f"of another type than {' '.join(IMAGE_EXTENSIONS)} under {folder} ("
               f"{', '.join(path for path, _ in passed_over[:3])}"
               f"{', ...' if len(passed_over) > 3 else ''})", file=sys.stderr)
-    if not files:
-        raise ExtractionError(f"no images ({' '.join(IMAGE_EXTENSIONS)}) under {folder}")
     return files
 
 
