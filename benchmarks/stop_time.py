@@ -66,8 +66,9 @@ def main(argv=None):
         f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; the offline default "
         f"(`python train.py`), SIGTERM {args.after:g} s after its data was ready; time until "
         f"the process exited, {args.repeats} runs.", "",
-        f"| seconds from SIGTERM to exit | median {statistics.median(times):.2f} | min "
-        f"{min(times):.2f} | max {max(times):.2f} |", "|---|---:|---:|---:|", "",
+        "| | median | min | max |", "|---|---:|---:|---:|",
+        f"| seconds from SIGTERM to exit | {statistics.median(times):.2f} | "
+        f"{min(times):.2f} | {max(times):.2f} |", "",
         f"Exit status {status}; its last line: `{last}`.", "",
         "For ResNet-50 with its 65,536-row bank the stop is one step plus one save: 2.7 s for "
         "the save (section above) plus the step (on these 2 CPU cores about 12 s in float32, "
