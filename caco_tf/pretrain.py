@@ -4,7 +4,6 @@ The run folder's files are named in ``caco_tf.training.run_folder``.
 """
 
 import contextlib
-import json
 import os
 
 import keras
@@ -73,16 +72,15 @@ def run(config, run_dir, verbose=1):
     chief = distribute.is_chief(strategy)
     folder = RunFolder(run_dir)
     with contextlib.ExitStack() as stack:
-        signals = stack.enter_context(interrupts.StopSignals())
         try:
-            return _run(config, folder, strategy, chief, signals, verbose, stack)
+            return _run(config, folder, strategy, chief, verbose, stack)
         except (OSError, RuntimeError) as error:  # the run folder's writes (h5py's too);
             if not is_write_failure(error):     # reads fail as DataError earlier
                 raise
             raise write_error(error, run_dir) from error
 
 
-def _run(config, folder, strategy, chief, signals, verbose, stack):
+def _run(config, folder, strategy, chief, verbose, stack):
     run_dir = folder.path
     keras.utils.set_random_seed(config["train"]["seed"])
     train, held_out = load_data(config)
@@ -128,6 +126,9 @@ def _run(config, folder, strategy, chief, signals, verbose, stack):
         health_sample(config, views, train), config["caco"]["bank_size"]
         if config["caco"]["method"] == "caco" else 0, 2 * steps_per_epoch * batch,
         stop_on_collapse=config["train"]["stop_on_collapse"])
+    # SIGTERM and SIGINT during training: finish the step, save, stop (after it, during the
+    # evaluation and export, they stop the process at once: a re-run redoes only those).
+    signals = interrupts.StopSignals()
     resume = callbacks.Resume(folder, writer=chief, changes=changes,
                               restored=write_config if chief and changes else None,
                               steps_per_epoch=steps_per_epoch,
@@ -136,13 +137,15 @@ def _run(config, folder, strategy, chief, signals, verbose, stack):
     loggers = _loggers(folder) if chief else []
     stuck = peers.watchdog(strategy, config["distribute"]["collective_timeout_seconds"])
     try:
-        model.fit(dataset, epochs=config["train"]["epochs"], steps_per_epoch=steps_per_epoch,
-                  shuffle=False,  # the dataset shuffles itself, once per epoch
-                  verbose=verbose if chief else 0,
-                  callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
-                  + ([stuck] if stuck else [])
-                  + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
-                  + [skipped.callback()])
+        with signals:
+            model.fit(dataset, epochs=config["train"]["epochs"],
+                      steps_per_epoch=steps_per_epoch,
+                      shuffle=False,  # the dataset shuffles itself, once per epoch
+                      verbose=verbose if chief else 0,
+                      callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
+                      + ([stuck] if stuck else [])
+                      + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
+                      + [skipped.callback()])
     except tf.errors.OpError as error:  # a lost peer, under a multi-worker strategy
         lost = distribute.is_multi_worker(strategy) and peers.peer_error(
             error, int(model.optimizer.iterations.numpy()), stuck)

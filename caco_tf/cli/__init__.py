@@ -137,6 +137,9 @@ def guard(work, cleanup=None):
     except PeerError as lost:
         print(f"error: {one_line(lost)}", file=sys.stderr)
         return lost.exit_status
+    except KeyboardInterrupt:  # Ctrl-C outside training (which saves first): nothing to keep
+        print("stopped by SIGINT", file=sys.stderr)
+        return 130
 
 
 def one_line(error):
