@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 import yaml
 
-from caco_tf import data
+from caco_tf import __version__, data
 from caco_tf.build import build_model, build_views, load_data, warmup_steps
 from caco_tf.evaluation import knn
 from caco_tf.evaluation.monitor import KNNMonitor
@@ -169,7 +169,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
         resume.stop(config["train"]["epochs"], 0)
 
     results = {"epochs": config["train"]["epochs"],
-               "replicas": int(strategy.num_replicas_in_sync)}
+               "replicas": int(strategy.num_replicas_in_sync), "caco_tf": __version__}
     if held_out is not None and train.has_labels:
         results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
                                        strategy)

@@ -84,9 +84,8 @@ def test_export_writes_the_serving_saved_model_or_names_the_call(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     layout = model.export(str(tmp_path / "serving"), serving_layout=True, version=3)
     assert layout == str(tmp_path / "serving" / "backbone" / "3")
-    by_hand = methods.CaCo(model.backbone, model.projector, bank_size=64)
-    with pytest.raises(ValueError, match=r"call caco_tf.export_backbone\(model.backbone"):
-        by_hand.export(str(tmp_path / "unknown"))
+    with pytest.raises(ValueError, match="takes no input_signature"):
+        model.export(str(tmp_path / "signature"), input_signature=[None])
 
 
 def test_summary_names_the_parts_and_the_bank():
@@ -121,3 +120,35 @@ def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch)
         exec(compile(example, "README.md", "exec"), {})
     assert os.path.exists(tmp_path / "caco.keras")
     assert os.path.exists(tmp_path / "backbone" / "saved_model.pb")
+
+
+def test_a_caco_composed_by_hand_saves_loads_and_exports(tmp_path):
+    """As a Keras user composes it, without build_model: fit, .keras round trip, then
+    model.export gives a SavedModel of what the backbone takes (float images); with the
+    preprocessing given, one of uint8 images."""
+    from caco_tf.nets import backbones
+
+    keras.utils.set_random_seed(0)
+    backbone = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
+                                 keras.layers.GlobalAveragePooling2D()], name="tiny_backbone")
+    model = methods.CaCo(backbone, backbones.build_projector(4, hidden_dim=16, output_dim=8),
+                         bank_size=32)
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    model.fit(_batches(1), epochs=1, verbose=0)
+    model.save(tmp_path / "caco.keras")
+    loaded = keras.models.load_model(tmp_path / "caco.keras")
+    images = np.random.default_rng(1).random((3, 28, 28, 1)).astype("float32")
+
+    served = tf.saved_model.load(loaded.export(str(tmp_path / "float")))
+    np.testing.assert_allclose(served.signatures["serving_default"](
+        images=tf.constant(images))["features"], model.backbone(images), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(served.signatures["embed"](images=tf.constant(images))[
+        "embedding"], model.query_encoder(images), rtol=1e-5, atol=1e-6)
+
+    pixels = (images * 255).astype("uint8")
+    uint8 = tf.saved_model.load(loaded.export(str(tmp_path / "uint8"), image_size=28,
+                                              channels=1, mean=0.0, std=1.0))
+    np.testing.assert_allclose(uint8.signatures["serving_default"](images=tf.constant(pixels))[
+        "features"], model.backbone(pixels / 255.0), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="onnx export needs the model's preprocessing"):
+        loaded.export(str(tmp_path / "m.onnx"), format="onnx")

@@ -178,3 +178,29 @@ def test_training_onto_a_full_disk_ends_in_one_error_line(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and f"cannot write {run_dir}" in errors[0]
     assert "No space left on device" in errors[0] and "free space on its disk" in errors[0]
+
+
+def test_a_resume_that_cannot_continue_names_the_versions(model, tmp_path):
+    import keras
+
+    from caco_tf import __version__
+    from caco_tf.methods import CaCo
+    from caco_tf.nets import backbones
+    from caco_tf.training import callbacks
+    from caco_tf.training.config import ConfigError
+
+    folder = RunFolder(str(tmp_path))
+    folder.write_backup(model, 1, 0, 3)
+    path = os.path.join(folder.backup, "training_metadata.json")
+    metadata = json.load(open(path))
+    assert metadata["checkpoints"][0]["version"] == __version__
+    metadata["checkpoints"][0]["version"] = "0.1.0"
+    json.dump(metadata, open(path, "w"))
+    other = CaCo(model.backbone, backbones.build_projector(4, hidden_dim=16, output_dim=6),
+                 bank_size=int(model.bank.shape[0]) + 1)  # another shape
+    other.compile(optimizer=keras.optimizers.SGD(0.1))
+    resume = callbacks.Resume(folder)
+    resume.set_model(other)
+    with pytest.raises(ConfigError, match=f"it was saved by caco-tf 0.1.0, this is "
+                                          f"{__version__} \\(CHANGELOG.md\\)"):
+        resume.on_train_begin()

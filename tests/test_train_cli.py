@@ -252,7 +252,7 @@ def test_export_entry_point_rebuilds_the_run(finished_run, tmp_path):
     _, run_dir = finished_run
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, "export/export_saved_model.py", "--run", run_dir,
-                             "--out", str(tmp_path / "served"), "--version", "7"], cwd=ROOT,
+                             "--out", str(tmp_path / "served"), "--serving-version", "7"], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert os.path.exists(tmp_path / "served" / "backbone" / "7" / "saved_model.pb")

@@ -149,7 +149,14 @@ def one_line(error):
 
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse``'s parser whose usage errors are one ``error: ...`` line and exit status 2,
-    as every other user error (argparse prints the whole usage first)."""
+    as every other user error (argparse prints the whole usage first); every command takes
+    ``--version``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from caco_tf import __version__
+
+        self.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
     def error(self, message):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")

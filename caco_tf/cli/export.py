@@ -1,7 +1,7 @@
 """Export a run's backbone for serving (``caco-export``, ``python export/export_saved_model.py``).
 
     caco-export --run runs/mnist [--format saved_model|onnx|litert] [--out PATH]
-                [--output features|embedding] [--version N] [--crop-fraction 0.875]
+                [--output features|embedding] [--serving-version N] [--crop-fraction 0.875]
 
 ``--run``: a run folder (rebuilt from its ``config.yaml`` and last checkpoint) or a ``.keras``
 file (``RUN/model.keras``).  ``saved_model`` (the default) writes TF Serving's
@@ -31,11 +31,18 @@ def parse_args(argv):
     parser.add_argument("--output", choices=("features", "embedding"), default="features",
                         help="onnx, litert: the backbone's features or the L2-normalized "
                              "embedding (the SavedModel serves both)")
-    parser.add_argument("--version", type=int, default=1)
+    parser.add_argument("--serving-version", type=int, default=1,
+                        help="saved_model: TF Serving's model version, the folder "
+                             "backbone/<N>/ (default 1)")
     parser.add_argument("--crop-fraction", type=float, default=0.875,
                         help="saved_model's resize: shorter side to image_size / this, then "
                              "centre crop (default 0.875: 256 → 224)")
     cli.verbose_argument(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    for before, after in zip(argv, argv[1:]):
+        if before == "--version" and after.lstrip("-").isdigit():
+            parser.error(f"--version {after}: the model version is --serving-version {after} "
+                         f"since caco-tf 0.2.0 (--version prints the package's)")
     return parser.parse_args(argv)
 
 
@@ -48,8 +55,9 @@ def main(argv=None):
         from caco_tf.errors import ConfigError
         from caco_tf.serving import export
 
-        if args.version < 1:
-            raise ConfigError(f"--version must be at least 1, got {args.version}")
+        if args.serving_version < 1:
+            raise ConfigError(f"--serving-version must be at least 1, got "
+                              f"{args.serving_version}")
         if not 0.0 < args.crop_fraction <= 1.0:
             raise ConfigError(f"--crop-fraction must be in (0, 1], got {args.crop_fraction}")
         run = load_run(args.run)
@@ -59,7 +67,7 @@ def main(argv=None):
         model.preprocessing = dict(model.preprocessing or {}, crop_fraction=args.crop_fraction)
         if args.format == "saved_model":
             path = export.export_model(model, args.out or os.path.join(folder, "saved_model"),
-                                       serving_layout=True, version=args.version)
+                                       serving_layout=True, version=args.serving_version)
         else:
             name = "backbone" if args.output == "features" else "embedding"
             out = args.out or os.path.join(folder, name + SUFFIXES[args.format])

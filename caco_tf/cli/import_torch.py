@@ -20,8 +20,7 @@ import sys
 
 from caco_tf import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_CONFIG = os.path.join(ROOT, "configs", "imagenet_resnet50_b1024.yaml")
+DEFAULT_CONFIG = "imagenet_resnet50_b1024"  # a shipped configuration
 
 
 def parse_args(argv):
@@ -31,7 +30,7 @@ def parse_args(argv):
     parser.add_argument("--out", required=True, help="run folder to write (must hold no run)")
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="run config to build the model and resume with "
-                             "(default: configs/imagenet_resnet50_b1024.yaml)")
+                             "(default: imagenet_resnet50_b1024)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key, as in caco-train")
     parser.add_argument("--steps-per-epoch", type=int,

@@ -1,7 +1,8 @@
 """Pre-train an encoder (``caco-train``, ``python train.py``).
 
     caco-train                                        # offline MNIST default, ~10 CPU minutes
-    caco-train --config configs/NAME.yaml [--set key=value ...] [--run-dir DIR]
+    caco-train --config NAME|PATH.yaml [--set key=value ...] [--run-dir DIR]
+    caco-train --list-configs                         # the configurations the package ships
 
 Re-running the same command resumes the run where it stopped.  Ctrl-C and SIGTERM finish the
 step, save and exit with 130 / 143; a failed write to the run folder exits with 74; a setting or
@@ -14,15 +15,16 @@ import sys
 
 from caco_tf import cli
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs", "mnist.yaml")
+DEFAULT_CONFIG = "mnist"  # shipped with the package: the offline default
 
 
 def parse_args(argv):
     parser = cli.ArgumentParser(prog="caco-train", description="Pre-train a CaCo encoder.")
-    parser.add_argument("--config", default=DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG)
-                        else None,
-                        help="YAML run config (default: configs/mnist.yaml, the offline run)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="a shipped configuration's name (--list-configs) or a YAML file "
+                             "(default: mnist, the offline run)")
+    parser.add_argument("--list-configs", action="store_true",
+                        help="print the shipped configurations, one line each, and exit")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config key, e.g. --set caco.bank_lr=0.3")
     parser.add_argument("--run-dir", help="run folder (default: runs/<config name>)")
@@ -34,8 +36,20 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def list_configs():
+    from caco_tf.training.config import describe_config, shipped_configs
+
+    shipped = shipped_configs()
+    width = max(map(len, shipped), default=0)
+    for name, path in shipped.items():
+        print(f"{name:<{width}}  {describe_config(path)}")
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.list_configs:
+        return list_configs()
     cli.start(["--verbose"] if args.verbose else [])
     new_folder = []  # the run folder, when this command creates it
 

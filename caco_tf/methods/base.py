@@ -195,27 +195,32 @@ class MomentumEncoderMethod(keras.Model):
         return cls(**config)
 
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
-               serving_layout=False, version=1, **kwargs):
-        """Export the backbone for serving, its preprocessing inside (``caco_tf.serving``).
+               serving_layout=False, version=1, image_size=None, channels=None, mean=None,
+               std=None, crop_fraction=None, **kwargs):
+        """Export the backbone for serving (``caco_tf.serving``).
 
-        ``format``: ``tf_saved_model`` (Keras' name; also ``saved_model``): uint8 images in,
-        features out (``serving_default``), the embedding (``embed``) and encoded files
-        (``serve_bytes``), written at ``filepath``, or as TF Serving's
+        With its preprocessing (the model's own, from ``caco_tf.build_model``, or given here:
+        ``image_size``, ``channels``, and the training normalization's ``mean`` and ``std`` in
+        [0, 1] units): ``format`` ``tf_saved_model`` (Keras' name; also ``saved_model``) takes
+        uint8 images in and gives features out (``serving_default``), the embedding (``embed``)
+        and encoded files (``serve_bytes``), written at ``filepath``, or as TF Serving's
         ``filepath/backbone/<version>/`` with ``serving_layout``; ``onnx`` or ``litert``: one
-        file at ``filepath``.  ``input_signature`` is not taken: the signatures are fixed.
-        Returns the path written.
+        file at ``filepath``.  Without a preprocessing (a model composed by hand), the
+        SavedModel takes what the backbone takes: float32 images, normalized as in training
+        (``serving_default`` and ``embed``).  ``input_signature`` is not taken: the signatures
+        are fixed.  Returns the path written.
         """
         from caco_tf.serving import export as serving
 
         if input_signature is not None:
-            raise ValueError("export takes no input_signature: the signatures take uint8 "
-                             "images (caco_tf.serving.export)")
-        if not self.preprocessing:
-            raise ValueError("this model does not know its preprocessing (built without "
-                             "caco_tf.build_model): call caco_tf.export_backbone(model.backbone, "
-                             "directory, image_size, channels, mean, std) instead")
+            raise ValueError("export takes no input_signature: the signatures are fixed "
+                             "(caco_tf.serving.export)")
+        given = {key: value for key, value in dict(
+            image_size=image_size, channels=channels, mean=mean, std=std,
+            crop_fraction=crop_fraction).items() if value is not None}
         return serving.export_model(self, filepath, format=format,
-                                    serving_layout=serving_layout, version=version, **kwargs)
+                                    serving_layout=serving_layout, version=version,
+                                    preprocessing=given, **kwargs)
 
     def summary(self, print_fn=None, **kwargs):
         """The parts and their sizes: backbone, projector, key encoder, bank, online probe."""

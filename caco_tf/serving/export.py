@@ -139,20 +139,51 @@ def export_backbone(backbone, directory, image_size, channels, mean, std, embedd
                               image_size, channels, mean, std, embedder, crop_fraction)
 
 
+def export_float_saved_model(backbone, path, embedder=None):
+    """A SavedModel of what the backbone itself takes: ``images`` float32 [batch, H, W, C]
+    (already normalized as in training) → ``features``; and → ``embedding`` (``embed``) with an
+    embedder.  For a model that knows no preprocessing."""
+    spec = tf.TensorSpec([None, *backbone.input_shape[1:]], tf.float32, name="images")
+
+    @tf.function(input_signature=[spec])
+    def serve(images):
+        return {"features": backbone(images, training=False)}
+
+    signatures = {"serving_default": serve}
+    if embedder is not None:
+        @tf.function(input_signature=[spec])
+        def embed(images):
+            return {"embedding": embedder(images, training=False)}
+        signatures["embed"] = embed
+    tf.saved_model.save(_serving_root(signatures.values()), path, signatures=signatures)
+    return path
+
+
 FORMATS = ("saved_model", "onnx", "litert")
+PREPROCESSING = ("image_size", "channels", "mean", "std")
 
 
 def export_model(model, path, format="saved_model", serving_layout=False, version=1,
-                 output="features"):
+                 output="features", preprocessing=None):
     """Export a method model (``caco_tf.methods``) in ``format``, preprocessing inside, from
-    what the model knows of it (``model.preprocessing``).  ``saved_model`` (also Keras'
-    ``tf_saved_model``): at ``path``, or ``path/backbone/<version>/`` with ``serving_layout``;
-    ``onnx``, ``litert``: one file at ``path`` (``caco_tf.serving.interop``; ``output``:
-    ``features``, or ``embedding``).  Returns the path written."""
-    settings = dict(model.preprocessing)
+    what the model knows of it (``model.preprocessing``, updated by ``preprocessing``).
+    ``saved_model`` (also Keras' ``tf_saved_model``): at ``path``, or
+    ``path/backbone/<version>/`` with ``serving_layout``; ``onnx``, ``litert``: one file at
+    ``path`` (``caco_tf.serving.interop``; ``output``: ``features``, or ``embedding``).  A model
+    that knows no preprocessing is exported as a SavedModel of float images
+    (``export_float_saved_model``).  Returns the path written."""
+    settings = dict(model.preprocessing or {}, **(preprocessing or {}))
+    format = "saved_model" if format == "tf_saved_model" else format
+    if not set(PREPROCESSING) <= set(settings):
+        if format != "saved_model":
+            raise ValueError(f"{format} export needs the model's preprocessing: pass "
+                             f"{', '.join(PREPROCESSING)} (or build the model with "
+                             f"caco_tf.build_model)")
+        if serving_layout:
+            path = os.path.join(path, "backbone", str(version))
+        return export_float_saved_model(model.backbone, path, embedder=model.query_encoder)
     arguments = dict(image_size=settings["image_size"], channels=settings["channels"],
                      mean=settings["mean"], std=settings["std"])
-    format = "saved_model" if format == "tf_saved_model" else format
     if format == "saved_model":
         crop = settings.get("crop_fraction", DEFAULT_CROP_FRACTION)
         if serving_layout:

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from caco_tf import health
+from caco_tf import __version__, health
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
@@ -94,6 +94,9 @@ class Resume(keras.callbacks.Callback):
                 # backbone, ...): Keras lists the layers; the user needs the settings.
                 changed = (f"; settings changed since it was saved: {', '.join(self.changes)}"
                            if self.changes else "")
+                if point.version != __version__:
+                    changed += (f"; it was saved by caco-tf {point.version or 'before 0.2.0'}, "
+                                f"this is {__version__} (CHANGELOG.md)")
                 raise ConfigError(
                     f"cannot resume from {self.folder.backup}: it holds a model of another "
                     f"shape{changed}. Re-run with the settings it was trained with, or pass "

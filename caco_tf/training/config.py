@@ -5,6 +5,7 @@ is a ``ConfigError`` with a one-line message, never a traceback deep inside trai
 """
 
 import copy
+import os
 
 import yaml
 
@@ -191,10 +192,48 @@ def parse_assignment(text):
     return tree
 
 
+def shipped_configs():
+    """{name: path} of the configurations the package ships (the checkout's ``configs/``, which
+    a wheel carries as ``caco_tf/configs``)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # caco_tf/
+    for folder in (os.path.join(here, "configs"), os.path.join(os.path.dirname(here), "configs")):
+        if os.path.isdir(folder):
+            return {name[:-len(".yaml")]: os.path.join(folder, name)
+                    for name in sorted(os.listdir(folder)) if name.endswith(".yaml")}
+    return {}
+
+
+def describe_config(path):
+    """The first line of a configuration's leading comment (what it is for)."""
+    with open(path) as handle:
+        for line in handle:
+            if line.startswith("#"):
+                return line.lstrip("# ").rstrip()
+            if line.strip():
+                break
+    return ""
+
+
+def config_path(spec):
+    """The file of ``--config SPEC``: a path, or the name of a shipped configuration (with or
+    without ``.yaml``); a ``ConfigError`` naming the shipped ones when it is neither."""
+    if os.path.exists(spec):
+        return spec
+    shipped = shipped_configs()
+    name = os.path.basename(spec)[:-len(".yaml")] if spec.endswith(".yaml") else spec
+    if name in shipped and (os.sep not in spec or spec.startswith("configs" + os.sep)):
+        return shipped[name]
+    raise ConfigError(f"cannot read config {spec}: no such file, and no shipped configuration "
+                      f"of that name ({', '.join(shipped) or 'none shipped'}; "
+                      f"caco-train --list-configs)")
+
+
 def load_config(path=None, assignments=()):
-    """Defaults, then the YAML file at ``path``, then each ``key=value`` assignment."""
+    """Defaults, then the YAML file at ``path`` (a path, or a shipped configuration's name:
+    ``config_path``), then each ``key=value`` assignment."""
     config = copy.deepcopy(DEFAULTS)
     if path is not None:
+        path = config_path(path)
         try:
             with open(path) as handle:
                 loaded = yaml.safe_load(handle) or {}

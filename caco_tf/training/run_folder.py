@@ -33,6 +33,7 @@ import re
 import socket
 import zlib
 
+from caco_tf import __version__
 from caco_tf.errors import UserError
 
 log = logging.getLogger("caco_tf")
@@ -54,7 +55,7 @@ class WriteError(RunFolderError):
 # A resume point: ``epoch`` finished epochs, plus ``step`` steps of the next one (0: at an
 # epoch's end); ``metrics``: the metric trackers' state inside that epoch ({name: [values]}).
 ResumePoint = collections.namedtuple(
-    "ResumePoint", "epoch step weights steps_per_epoch metrics iterations")
+    "ResumePoint", "epoch step weights steps_per_epoch metrics iterations version")
 
 
 class RunFolder:
@@ -142,7 +143,7 @@ class RunFolder:
                 return ResumePoint(int(entry["epoch"]), int(entry.get("step", 0)),
                                    os.path.join(self.backup, entry["weights"]),
                                    entry.get("steps_per_epoch"), entry.get("metrics") or {},
-                                   entry.get("iterations"))
+                                   entry.get("iterations"), entry.get("version"))
             damaged.append((os.path.join(self.backup, entry["weights"]), reason))
         if not damaged:
             return None
@@ -196,7 +197,7 @@ class RunFolder:
             entry = {"epoch": int(epoch), "step": int(step), "iterations": iterations,
                      "weights": name, "steps_per_epoch": steps_per_epoch,
                      "bytes": len(state), "crc32": zlib.crc32(state),
-                     "metrics": metrics or {},
+                     "metrics": metrics or {}, "version": __version__,
                      "saved": datetime.datetime.now().isoformat(timespec="seconds")}
             os.replace(partial, final)
             previous = [e for e in (self._entries() or []) if e["weights"] != name]

@@ -1,0 +1,98 @@
+"""The package as it installs: its module list, its shipped configurations found by name, a
+version on every command, and only the dependencies it uses.  The built wheel in a fresh
+environment is .ci/wheel-smoke's (run by .ci/run)."""
+
+import importlib
+import os
+import re
+import sys
+
+import pytest
+import yaml
+
+import caco_tf
+from caco_tf.training import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMANDS = ("train", "evaluate", "figures", "export", "extract", "import_torch")
+
+
+def pyproject():
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
+        return tomllib.load(handle)
+
+
+def test_the_wheel_lists_every_package_and_ships_configs():
+    listed = set(pyproject()["tool"]["setuptools"]["packages"])
+    found = {os.path.relpath(folder, ROOT).replace(os.sep, ".")
+             for folder, _, files in os.walk(os.path.join(ROOT, "caco_tf"))
+             if "__init__.py" in files}
+    assert listed == found | {"caco_tf.configs"}
+    assert pyproject()["tool"]["setuptools"]["package-dir"] == {"caco_tf.configs": "configs"}
+
+
+def test_a_shipped_configuration_is_found_by_name_and_by_path(tmp_path, monkeypatch):
+    shipped = config_lib.shipped_configs()
+    assert set(shipped) == {name[:-5] for name in os.listdir(os.path.join(ROOT, "configs"))
+                            if name.endswith(".yaml")}
+    monkeypatch.chdir(tmp_path)  # away from the checkout: names still work
+    by_name = config_lib.load_config("imagenet_resnet50_b256")
+    assert by_name == config_lib.load_config(os.path.join(ROOT, "configs",
+                                                          "imagenet_resnet50_b256.yaml"))
+    assert config_lib.load_config("configs/mnist.yaml") == config_lib.load_config("mnist.yaml")
+    mine = tmp_path / "mnist.yaml"  # a file of the user's wins over a shipped name
+    mine.write_text(yaml.safe_dump({"name": "mine"}))
+    assert config_lib.load_config("mnist.yaml")["name"] == "mine"
+    with pytest.raises(config_lib.ConfigError) as error:
+        config_lib.load_config("imagenet_resnet50")
+    assert str(error.value) == (
+        f"cannot read config imagenet_resnet50: no such file, and no shipped configuration of "
+        f"that name ({', '.join(shipped)}; caco-train --list-configs)")
+
+
+def test_list_configs_prints_one_line_each(capsys):
+    from caco_tf.cli import train
+
+    assert train.main(["--list-configs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(config_lib.shipped_configs())
+    assert all(len(line.split(None, 1)) == 2 for line in lines)  # a name and what it is
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_says_its_version(command, capsys):
+    module = importlib.import_module(f"caco_tf.cli.{command}")
+    with pytest.raises(SystemExit) as done:
+        module.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip().endswith(f" {caco_tf.__version__}")
+    scripts = pyproject()["project"]["scripts"]
+    assert f"caco_tf.cli.{command}:main" in scripts.values()
+
+
+# Dependencies the package needs without importing them itself, and why.
+NOT_IMPORTED = {
+    "importlib_resources": "TFDS prepares data sets through it without declaring it",
+    "tensorboard": "the `tensorboard --logdir` command that shows the run's curves",
+}
+IMPORT_NAMES = {"tensorflow-datasets": "tensorflow_datasets", "scikit-learn": "sklearn",
+                "pillow": "PIL", "pyyaml": "yaml"}
+
+
+def test_every_runtime_dependency_is_imported_by_the_package():
+    sources = ""
+    for folder, _, files in os.walk(os.path.join(ROOT, "caco_tf")):
+        for name in files:
+            if name.endswith(".py"):
+                sources += open(os.path.join(folder, name)).read()
+    for requirement in pyproject()["project"]["dependencies"]:
+        name = re.split(r"[<>=!~ \[]", requirement)[0].lower()
+        module = IMPORT_NAMES.get(name, name.replace("-", "_"))
+        if module in NOT_IMPORTED:
+            continue
+        assert re.search(rf"^\s*(import|from) {module}\b", sources, re.M), requirement
+    assert not any(r.lower().startswith("keras-cv") for r in
+                   pyproject()["project"]["dependencies"])
+    assert sys.version_info >= (3, 11)  # requires-python
