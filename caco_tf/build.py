@@ -43,7 +43,14 @@ def warmup_steps(config, steps_per_epoch):
 
 
 def build_views(config):
-    """The views ``data.views`` names (``caco_tf.data.augment``), at the configured sizes."""
+    """The views ``data.views`` names (``caco_tf.data.augment``), at the configured sizes, with
+    ``data.extra_layers`` appended to every view."""
+    views = _named_views(config)
+    extra = config["data"]["extra_layers"]
+    return augment.WithLayers(views, [augment.keras_layer(e) for e in extra]) if extra else views
+
+
+def _named_views(config):
     settings = config["data"]
     name, size, channels = settings["views"], settings["image_size"], settings["channels"]
     if name == "digits":

@@ -344,3 +344,36 @@ def test_tiny_views_blur_within_their_size():
         crops = views.augment_image(image, tf.constant([1, number], tf.int64))
         assert all(np.isfinite(c.numpy()).all() for c in crops)
         assert [c.shape[0] for c in crops] == [8, 8, 4, 4, 4, 4]
+
+
+def test_a_keras_layer_appended_to_the_views_in_python_and_in_a_configuration():
+    import keras
+
+    from caco_tf import build
+    from caco_tf.data import augment as views_lib
+    from caco_tf.data import pipeline
+    from caco_tf.training.config import ConfigError, load_config
+
+    images = np.random.default_rng(0).integers(0, 256, (8, 20, 20, 3), dtype=np.uint8)
+    plain = views_lib.AsymmetricViews(16, 3)
+    # A layer that always acts, so its effect is certain: every view's pixels halved.
+    halved = views_lib.WithLayers(plain, [keras.layers.Rescaling(0.5)])
+    seed = tf.constant([1, 2], tf.int64)
+    for ours, theirs in zip(halved.augment_image(images[0], seed),
+                            plain.augment_image(images[0], seed)):
+        mean, std = np.asarray(plain.mean), np.asarray(plain.std)
+        np.testing.assert_allclose(ours.numpy() * std + mean,
+                                   0.5 * (theirs.numpy() * std + mean), atol=1e-5)
+    stream = pipeline.pretrain_dataset(images, 4, halved, steps_per_epoch=2)
+    assert [tuple(v.shape) for v in next(iter(stream))] == [(4, 16, 16, 3)] * 2
+
+    config = load_config(None, ["data.extra_layers=[{layer: RandomContrast, factor: 0.3, "
+                                "value_range: [0, 1]}]"])
+    digits = build.build_views(config)
+    assert isinstance(digits.layers[0], keras.layers.RandomContrast)
+    batch = tf.random.uniform([4, 28, 28, 1])
+    assert [tuple(v.shape) for v in digits(batch, seed)] == [(4, 28, 28, 1)] * 2
+    with pytest.raises(ConfigError, match="data.extra_layers: no layer RandomWobble"):
+        build.build_views(load_config(None, ["data.extra_layers=[{layer: RandomWobble}]"]))
+    with pytest.raises(ConfigError, match="data.extra_layers must be a list of"):
+        load_config(None, ["data.extra_layers=[RandomContrast]"])

@@ -85,6 +85,9 @@ def random_stroke_width(images, seed, probability=0.15):
 class DigitViews:
     """Two independently augmented views of a batch of [B, H, W, 1] images in [0, 1]."""
 
+    per_image = False  # views of whole batches (the pipeline batches first)
+    num_views = 2
+
     def __init__(self, scale=(0.3, 1.0), ratio=(3 / 4, 4 / 3), rotation=15.0, shear=0.15,
                  translate=0.1, stroke_probability=0.15, gain=(0.6, 1.0), noise=0.05,
                  mean=MNIST_MEAN, std=MNIST_STD):
@@ -450,6 +453,7 @@ class ImageViews:
     """
 
     recipes: Tuple[ViewRecipe, ...] = ()
+    per_image = True  # the pipeline draws them image by image
 
     def __init__(self, size, channels, mean, std):
         if channels not in (1, 3):
@@ -524,3 +528,65 @@ class MultiCropViews(ImageViews):
             (ViewRecipe(size=self.size, scale=tuple(global_scale), **common),) * 2
             + (ViewRecipe(size=self.local_size, scale=tuple(local_scale), **common),)
             * int(local_crops))
+
+
+# ---------------------------------------------------------------------------------------------
+# Your own augmentations: any Keras preprocessing layer (Keras' own, keras-cv's, yours),
+# appended to every view.
+class WithLayers:
+    """``views`` with ``layers`` applied to every view after its own augmentations, on its
+    [0, 1] pixels (before the normalization): ``WithLayers(views, [keras.layers.RandomContrast(
+    0.2, value_range=(0, 1))])``, or ``data.extra_layers`` in a configuration.
+
+    The layers draw from their own Keras seed generators, so their part of a view is random but
+    not reproduced by ``data.seed`` (the views' own part still is).
+    """
+
+    def __init__(self, views, layers):
+        self.views, self.layers = views, list(layers)
+        self.mean, self.std, self.per_image = views.mean, views.std, views.per_image
+        for name in ("channels", "recipes", "size"):
+            if hasattr(views, name):
+                setattr(self, name, getattr(views, name))
+
+    @property
+    def num_views(self):
+        return self.views.num_views
+
+    def _extra(self, view):
+        mean, std = tf.constant(self.mean, tf.float32), tf.constant(self.std, tf.float32)
+        pixels = view * std + mean
+        for layer in self.layers:
+            pixels = tf.cast(layer(pixels, training=True), tf.float32)
+        return (tf.clip_by_value(pixels, 0.0, 1.0) - mean) / std
+
+    def augment_image(self, image, seed):
+        return tuple(self._extra(view) for view in self.views.augment_image(image, seed))
+
+    def __call__(self, images, seed):
+        return tuple(self._extra(view) for view in self.views(images, seed))
+
+    def normalize(self, images):
+        return self.views.normalize(images)
+
+
+def keras_layer(spec):
+    """A layer from a configuration entry: ``{layer: NAME, ...its arguments}``, NAME a Keras
+    layer (``RandomContrast``) or a dotted path (``keras_cv.layers.RandomHue``)."""
+    import importlib
+
+    import keras
+
+    from caco_tf.errors import ConfigError
+
+    arguments = dict(spec)
+    name = arguments.pop("layer")
+    module, _, attribute = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module) if module else keras.layers, attribute)
+        return cls(**arguments)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f"data.extra_layers: no layer {name} ({error}); give a Keras layer "
+                          f"name (RandomContrast) or a dotted path") from None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"data.extra_layers: {name}({arguments}) failed: {error}") from None

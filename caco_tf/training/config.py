@@ -36,6 +36,9 @@ DEFAULTS = {
         "views": "digits",
         "crop_scale": [0.2, 1.0],  # asymmetric views: RandomResizedCrop area range
         "blur_sigma": [0.1, 2.0],  # colour views: Gaussian blur σ range, pixels of the view
+        # Keras preprocessing layers appended to every view, on [0, 1] pixels, e.g.
+        # [{layer: RandomContrast, factor: 0.2, value_range: [0, 1]}] (augment.WithLayers).
+        "extra_layers": [],
         "multicrop": {             # views: multicrop (SwAV's 2×224 + 6×96)
             "local_size": 96,
             "local_crops": 6,
@@ -341,6 +344,9 @@ RULES = {
     "data.views": choice(*VIEWS),
     "data.crop_scale": span(0.0, 1.0, positive_low=True),
     "data.blur_sigma": span(0.0),
+    "data.extra_layers": Rule(lambda v: isinstance(v, list) and all(
+        isinstance(e, dict) and isinstance(e.get("layer"), str) for e in v),
+        "a list of {layer: NAME, ...arguments} mappings"),
     "data.multicrop.local_size": integer(1, 4096),
     "data.multicrop.local_crops": integer(0, 64),
     "data.multicrop.global_scale": span(0.0, 1.0, positive_low=True),
@@ -412,6 +418,9 @@ HELP = {
                   "views; cifar and imagenet are aliases) or multicrop",
     "data.crop_scale": "asymmetric views: the RandomResizedCrop area range",
     "data.blur_sigma": "colour views: the Gaussian blur's sigma range, in pixels of the view",
+    "data.extra_layers": "Keras preprocessing layers appended to every view, on its [0, 1] "
+                         "pixels: [{layer: RandomContrast, factor: 0.2, value_range: [0, 1]}] "
+                         "(a Keras layer's name or a dotted path, then its arguments)",
     "data.multicrop.local_size": "multicrop: the side of the local crops",
     "data.multicrop.local_crops": "multicrop: local crops per image",
     "data.multicrop.global_scale": "multicrop: the global crops' area range",
