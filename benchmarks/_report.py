@@ -3,6 +3,7 @@
 import functools
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -35,6 +36,20 @@ def cpu_name():
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']} model {fields['model']})"
     return name
+
+
+def command_line(script, argv):
+    """The ``Command: `python benchmarks/SCRIPT ...``` line of a section, less ``--output``."""
+    shown = [a for a, before in zip(argv, [""] + argv)
+             if not a.startswith("--output") and before != "--output"]
+    return f"Command: `{shlex.join(['python', f'benchmarks/{script}', *shown])}`"
+
+
+def publish(text, path, begin, end, title):
+    """Print a section and write it into ``path`` (``write_section``)."""
+    print(text)
+    write_section(text, path, begin, end, title)
+    print(f"wrote {path}")
 
 
 def write_section(text, path, begin, end, title):

@@ -15,7 +15,6 @@ time ratio over the K ratio is at most 1.
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 
@@ -58,9 +57,7 @@ def measure(args):
 
 
 def section(rows, args, argv):
-    shown = [a for a, before in zip(argv, [""] + argv)
-             if not a.startswith("--output") and before != "--output"]
-    lines = [BEGIN, f"Command: `{shlex.join(['python', 'benchmarks/bank_part.py', *shown])}`", "",
+    lines = [BEGIN, _report.command_line("bank_part.py", argv), "",
              f"{_report.cpu_count()} CPU cores; batch {args.batch} (so {2 * args.batch} query "
              f"and {2 * args.batch} key rows), D={args.dim}, median of {args.steps} calls after "
              f"{args.warmup}; `CaCo._caco_bank_pass` ('algorithm') and the same plus "
@@ -94,9 +91,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.sizes = sorted(int(s) for s in args.sizes.split(",") if s)
     text = section(measure(args), args, argv)
-    print(text)
-    _report.write_section(text, args.output, BEGIN, END, TITLE)
-    print(f"wrote {args.output}")
+    _report.publish(text, args.output, BEGIN, END, TITLE)
 
 
 if __name__ == "__main__":

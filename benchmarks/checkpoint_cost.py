@@ -11,7 +11,6 @@ The run folder is a temporary folder on the disk that holds ``--dir`` (default: 
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -58,10 +57,8 @@ def measure(config_name, repeats, folder):
 
 
 def section(rows, args, argv):
-    shown = [a for a, before in zip(argv, [""] + argv)
-             if not a.startswith("--output") and before != "--output"]
     every = 10.0
-    lines = [BEGIN, f"Command: `{shlex.join(['python', 'benchmarks/checkpoint_cost.py', *shown])}`",
+    lines = [BEGIN, _report.command_line("checkpoint_cost.py", argv),
              "", f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; the run folder on the "
              f"disk of `{args.dir}`; median of {args.repeats} saves and restores after one "
              "of each. A save serializes the state in memory (weights, key encoder, bank, bank "
@@ -96,9 +93,7 @@ def main(argv=None):
         rows[name] = measure(config, args.repeats, args.dir)
         print(name, rows[name], flush=True)
     text = section(rows, args, argv)
-    print(text)
-    _report.write_section(text, args.output, BEGIN, END, TITLE)
-    print(f"wrote {args.output}")
+    _report.publish(text, args.output, BEGIN, END, TITLE)
 
 
 if __name__ == "__main__":

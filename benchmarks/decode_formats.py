@@ -9,7 +9,6 @@ interleaved round by round in one process.
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -89,10 +88,8 @@ def main(argv=None):
                     f"{statistics.median(rates['file']):.0f} | {statistics.median(ratios):.2f} "
                     f"({min(ratios):.2f}–{max(ratios):.2f}) |")
         print(rows[-1], flush=True)
-    shown = [a for a, before in zip(argv, [""] + argv)
-             if not a.startswith("--output") and before != "--output"]
     text = "\n".join([
-        BEGIN, f"Command: `{shlex.join(['python', 'benchmarks/decode_formats.py', *shown])}`",
+        BEGIN, _report.command_line("decode_formats.py", argv),
         "", f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; {args.images} JPEGs of "
         f"500×375 (quality 90), read → decode → resize and crop to {args.size} → batches of "
         f"64, `tf.data` map on as many threads as cores; {args.rounds} interleaved rounds after one warm-up of "
@@ -104,9 +101,7 @@ def main(argv=None):
         "themselves, work that plain decoding skips by leaving the images sideways. Ratios "
         "below 1 are slower; this machine's speed swings between two levels from round to "
         "round, hence the pairwise ratios.", END]) + "\n"
-    print(text)
-    _report.write_section(text, args.output, BEGIN, END, TITLE)
-    print(f"wrote {args.output}")
+    _report.publish(text, args.output, BEGIN, END, TITLE)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ progress, the save with the stream's position, the line, the exit).
 
 import argparse
 import os
-import shlex
 import signal
 import statistics
 import subprocess
@@ -59,10 +58,8 @@ def main(argv=None):
             elapsed, status, last = one_stop(args.after, folder)
         print(f"{elapsed:.2f} s, exit {status}: {last}", flush=True)
         times.append(elapsed)
-    shown = [a for a, before in zip(argv, [""] + argv)
-             if not a.startswith("--output") and before != "--output"]
     text = "\n".join([
-        BEGIN, f"Command: `{shlex.join(['python', 'benchmarks/stop_time.py', *shown])}`", "",
+        BEGIN, _report.command_line("stop_time.py", argv), "",
         f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; the offline default "
         f"(`python train.py`), SIGTERM {args.after:g} s after its data was ready; time until "
         f"the process exited, {args.repeats} runs.", "",
@@ -73,9 +70,7 @@ def main(argv=None):
         "For ResNet-50 with its 65,536-row bank the stop is one step plus one save: 2.7 s for "
         "the save (section above) plus the step (on these 2 CPU cores about 12 s in float32, "
         "`step_time.py`; on a GPU machine well under a second).", END]) + "\n"
-    print(text)
-    _report.write_section(text, args.output, BEGIN, END, TITLE)
-    print(f"wrote {args.output}")
+    _report.publish(text, args.output, BEGIN, END, TITLE)
 
 
 if __name__ == "__main__":
