@@ -16,6 +16,7 @@ from caco_tf.methods import model_class
 from caco_tf.nets import backbones
 from caco_tf.training import optimizers
 from caco_tf.training.config import ConfigError, load_config
+from caco_tf.training.run_folder import RunFolder
 
 
 def load_data(config):
@@ -143,11 +144,11 @@ def load_run(run_dir):
     ``.keras`` file (``model.save``; the run's configuration travels in it)."""
     if str(run_dir).endswith(".keras"):
         return load_keras_file(run_dir)
-    config_path = os.path.join(run_dir, "config.yaml")
-    weights = os.path.join(run_dir, "checkpoints", "last.weights.h5")
-    if not os.path.exists(config_path):
+    folder = RunFolder(run_dir)
+    weights = folder.checkpoint
+    if not os.path.exists(folder.config):
         raise ConfigError(f"no config.yaml in {run_dir}: not a run folder")
-    config = load_config(config_path)
+    config = load_config(folder.config)
     if not os.path.exists(weights):
         raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
     model = build_model(config, steps_per_epoch=1)

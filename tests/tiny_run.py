@@ -12,6 +12,7 @@ import yaml
 
 from caco_tf import build
 from caco_tf.training.config import load_config
+from caco_tf.training.run_folder import RunFolder
 
 OVERRIDES = ["data.source=tfds:mnist", "model.projector_hidden=32", "model.embedding_dim=16",
              "caco.bank_size=32", "caco.warmup_epochs=1", "train.epochs=4",
@@ -22,12 +23,13 @@ def make_run(directory, history=None):
     """config.yaml, checkpoints/last.weights.h5 and (optionally) history.json in ``directory``."""
     keras.utils.set_random_seed(0)
     config = load_config(None, OVERRIDES)
-    os.makedirs(os.path.join(directory, "checkpoints"), exist_ok=True)
-    with open(os.path.join(directory, "config.yaml"), "w") as handle:
+    folder = RunFolder(str(directory))
+    os.makedirs(os.path.dirname(folder.checkpoint), exist_ok=True)
+    with open(folder.config, "w") as handle:
         yaml.safe_dump(config, handle, sort_keys=False)
     model = build.build_model(config, steps_per_epoch=1)
-    model.save_weights(os.path.join(directory, "checkpoints", "last.weights.h5"))
+    model.save_weights(folder.checkpoint)
     if history is not None:
-        with open(os.path.join(directory, "history.json"), "w") as handle:
+        with open(folder.history, "w") as handle:
             json.dump(history, handle)
     return str(directory), model

@@ -31,6 +31,7 @@ from matplotlib.ticker import MaxNLocator
 from caco_tf import losses
 from caco_tf.build import load_run
 from caco_tf.evaluation import knn, linear, protocols
+from caco_tf.training.run_folder import RunFolder
 
 MONITOR_KEY = "knn_top1"  # what evaluation.monitor.KNNMonitor writes into the logs
 
@@ -38,7 +39,7 @@ MONITOR_KEY = "knn_top1"  # what evaluation.monitor.KNNMonitor writes into the l
 # ---------------------------------------------------------------------------- Fig. prob_acc
 def read_history(run_dir):
     """history.json: one dict of metrics per finished epoch ([] if absent)."""
-    path = os.path.join(run_dir, "history.json")
+    path = RunFolder(run_dir).history
     if not os.path.exists(path):
         return []
     with open(path) as handle:
@@ -232,7 +233,7 @@ def make_figures(run_dir, out_dir=None, queries=6, negatives=6, points=1000, max
     """Write the three PNGs for ``run_dir``; returns their paths."""
     run = load_run(run_dir)
     config, evaluation_config = run.config, run.config["evaluation"]
-    out_dir = out_dir or os.path.join(run_dir, "figures")
+    out_dir = out_dir or RunFolder(run_dir).figures
     os.makedirs(out_dir, exist_ok=True)
     name = config.get("name", os.path.basename(os.path.normpath(run_dir)))
     monitor = (f"held-out kNN top-1 (k={evaluation_config['knn_monitor_k']}, "

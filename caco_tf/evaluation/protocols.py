@@ -22,6 +22,7 @@ from caco_tf.build import build_model, build_views, load_data, load_run
 from caco_tf.evaluation import knn as knn_lib
 from caco_tf.evaluation import linear
 from caco_tf.training.config import DEFAULTS, RULES, ConfigError
+from caco_tf.training.run_folder import RunFolder
 
 # train, test: labelled caco_tf.data sources.
 LabelledData = collections.namedtuple("LabelledData", "name train test num_classes")
@@ -98,7 +99,7 @@ def default_json_path(run_dir, protocol, spec, baseline=""):
         run_dir = os.path.dirname(os.path.abspath(run_dir))
     suffix = "" if spec is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", spec)
     baseline = f"_{baseline}" if baseline else ""
-    return os.path.join(run_dir, f"eval_{protocol}{baseline}{suffix}.json")
+    return RunFolder(run_dir).evaluation_record(f"{protocol}{baseline}{suffix}")
 
 
 def baseline_name(args):

@@ -14,6 +14,8 @@ a full disk or a truncated file never leave unusable.
       model.keras              the final model, as ``model.save`` writes it
       saved_model/             the backbone for serving
       results.json             the final figures
+      eval_<protocol>....json  what ``caco-evaluate`` measured
+      figures/                 ``caco-figures``' plots
       import.json              what ``caco-import-torch`` imported (imported runs only)
 
 A resume checkpoint is written in full under a temporary name, flushed to the disk, renamed,
@@ -106,6 +108,15 @@ class RunFolder:
     @property
     def import_record(self):
         return self._join("import.json")
+
+    @property
+    def figures(self):
+        return self._join("figures")
+
+    def evaluation_record(self, name):
+        """``eval_<name>.json``: what ``caco-evaluate`` measured (name: the protocol, then the
+        baseline and the data, if any)."""
+        return self._join(f"eval_{name}.json")
 
     @property
     def lock_path(self):
