@@ -82,7 +82,7 @@ def adversarial_negative_gradient(queries, keys, bank, temperature):
     p_j = exp(z·b̂_j/τ) / (exp(z·k/τ) + Σ_i exp(z·b̂_i/τ)) and ∂ℓ/∂b_j = (1/τ) p_j T_j z; the
     bank maximizes ℓ (eq. adco), so the returned direction g = -(1/τ) mean_n p_nj T_j z_n makes
     ``bank - lr * g`` the ascent step (every row moves towards the queries).  Used by the
-    "Negative" ablation (``caco_tf.ablations``).
+    "Negative" ablation (``caco_tf.methods.adversarial_negatives``).
     """
     queries = tf.stop_gradient(tf.cast(queries, tf.float32))
     keys = tf.stop_gradient(tf.cast(keys, tf.float32))

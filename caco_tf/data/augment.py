@@ -514,7 +514,7 @@ class MultiCropViews(ImageViews):
     ``global_crops`` crops at ``size`` (scale ``global_scale``) then ``local_crops`` at
     ``local_size`` (scale ``local_scale``); each: flip, colour jitter (0.4, 0.4, 0.4, 0.1) with
     p = 0.8, grayscale p = 0.2, Gaussian blur p = 0.5, no solarization.  The model treats the
-    first two views as the global crops (caco_tf.model, ``multicrop_train_step``).
+    first two views as the global crops (``caco_tf.methods.caco``, ``multicrop_train_step``).
     """
 
     def __init__(self, size=224, local_size=96, local_crops=6, global_scale=(0.14, 1.0),

@@ -98,7 +98,7 @@ DEFAULTS = {
         "checkpoint_every_minutes": 10.0,
     },
     "distribute": {
-        "strategy": "auto",        # auto | default | mirrored | multiworker (caco_tf.distribute)
+        "strategy": "auto",        # auto | default | mirrored | multiworker (training.distribute)
         # Multi-worker runs: a collective that waits longer than this for a peer (a hung or
         # paused machine) ends every worker that waits, with one line (0: wait forever).
         "collective_timeout_seconds": 600.0,
@@ -107,7 +107,7 @@ DEFAULTS = {
         "knn_k": 5,
         "knn_temperature": 0.07,
         "batch_size": 500,
-        # kNN monitor during pre-training (caco_tf.callbacks.KNNMonitor), logged as knn_top1:
+        # kNN monitor during pre-training (evaluation.monitor.KNNMonitor), logged as knn_top1:
         # training images' labels against the held-out split, every N epochs (0: off).
         "knn_monitor_every": 5,
         "knn_monitor_k": 200,
