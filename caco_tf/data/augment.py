@@ -544,7 +544,8 @@ class WithLayers:
 
     def __init__(self, views, layers):
         self.views, self.layers = views, list(layers)
-        self.mean, self.std, self.per_image = views.mean, views.std, views.per_image
+        self.mean, self.std = views.mean, views.std
+        self.per_image = getattr(views, "per_image", isinstance(views, ImageViews))
         for name in ("channels", "recipes", "size"):
             if hasattr(views, name):
                 setattr(self, name, getattr(views, name))

@@ -248,7 +248,7 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
                         f"{' in this shard' if shards[0] > 1 else ''})")
     steps = int(steps_per_epoch or available // batch)
     buffer = source.shuffle_buffer(-(-len(source) // shards[0]))
-    per_image = views.per_image
+    per_image = getattr(views, "per_image", isinstance(views, augment.ImageViews))
     seed_tensor = tf.constant(seed, tf.int64)
 
     def carrying(function):
