@@ -39,18 +39,19 @@ def measure(config_name, repeats, folder):
     config = config_lib.load_config(os.path.join(ROOT, "configs", config_name))
     keras.utils.set_random_seed(0)
     model = build.build_model(config, steps_per_epoch=100)
-    run = RunFolder(tempfile.mkdtemp(dir=folder))
     saves, restores = [], []
-    for index in range(repeats + 1):  # the first of each is a warm-up
-        model.optimizer.iterations.assign(index)
-        start = time.perf_counter()
-        run.write_backup(model, 1, 10, 100, {"loss": [1.0, 10.0]})
-        saves.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        point = run.read_backup()
-        model.load_weights(point.weights)
-        restores.append(time.perf_counter() - start)
-    size = os.path.getsize(point.weights)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:  # removed afterwards
+        run = RunFolder(scratch)
+        for index in range(repeats + 1):  # the first of each is a warm-up
+            model.optimizer.iterations.assign(index)
+            start = time.perf_counter()
+            run.write_backup(model, 1, 10, 100, {"loss": [1.0, 10.0]})
+            saves.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            point = run.read_backup()
+            model.load_weights(point.weights)
+            restores.append(time.perf_counter() - start)
+        size = os.path.getsize(point.weights)
     parameters = sum(int(v.numpy().size) for v in model.weights)
     return {"bytes": size, "values": parameters, "save": statistics.median(saves[1:]),
             "restore": statistics.median(restores[1:])}
@@ -82,7 +83,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", default=ROOT, help="a folder on the disk to measure")
+    parser.add_argument("--dir", default=tempfile.gettempdir(),
+                        help="a folder on the disk to measure (a scratch run folder is made and "
+                             "removed in it)")
     parser.add_argument("--only", default="", help="comma-separated config file names")
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
