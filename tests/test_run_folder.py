@@ -198,7 +198,7 @@ def test_a_resume_that_cannot_continue_names_the_versions(model, tmp_path):
     json.dump(metadata, open(path, "w"))
     other = CaCo(model.backbone, backbones.build_projector(4, hidden_dim=16, output_dim=6),
                  bank_size=int(model.bank.shape[0]) + 1)  # another shape
-    other.compile(optimizer=keras.optimizers.SGD(0.1))
+    other.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
     resume = callbacks.Resume(folder)
     resume.set_model(other)
     with pytest.raises(ConfigError, match=f"it was saved by caco-tf 0.1.0, this is "
