@@ -133,7 +133,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
                               restored=write_config if chief and changes else None,
                               steps_per_epoch=steps_per_epoch,
                               every_minutes=config["train"]["checkpoint_every_minutes"],
-                              signals=signals)
+                              signals=signals, point=backup)
     loggers = _loggers(folder) if chief else []
     stuck = peers.watchdog(strategy, config["distribute"]["collective_timeout_seconds"])
     try:

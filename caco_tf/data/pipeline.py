@@ -127,19 +127,19 @@ def looks_complete(contents):
     return tf.logical_and(length > 8, jpeg | png | gif | bmp | webp | tiff)
 
 
+def _recorded(skipped, name, value):
+    """``value``, once ``skipped`` has recorded the bad file ``name`` (when counting)."""
+    marks = [tf.py_function(skipped.record, [name], tf.int64)] if skipped is not None else []
+    with tf.control_dependencies(marks):
+        return tf.identity(value)
+
+
 def _checker(source, skipped):
     """(element) → ok: read and check a file as ``_decoder`` does, without decoding it."""
 
     def check(item, name):
         ok = looks_complete(source.load(item))
-
-        def bad():
-            if skipped is None:
-                return tf.constant(False)
-            with tf.control_dependencies([tf.py_function(skipped.record, [name], tf.int64)]):
-                return tf.constant(False)
-
-        return tf.cond(ok, lambda: tf.constant(True), bad)
+        return tf.cond(ok, lambda: ok, lambda: _recorded(skipped, name, ok))
 
     return check
 
@@ -151,14 +151,8 @@ def _decoder(source, channels, skipped):
     def decode(item, name):
         contents = source.load(item)
         ok = looks_complete(contents)
-
-        def bad():
-            marks = ([tf.py_function(skipped.record, [name], tf.int64)] if skipped is not None
-                     else [])
-            with tf.control_dependencies(marks):
-                return tf.zeros([1, 1, channels], tf.uint8)
-
-        image = tf.cond(ok, lambda: decode_file_image(contents, channels), bad)
+        image = tf.cond(ok, lambda: decode_file_image(contents, channels),
+                        lambda: _recorded(skipped, name, tf.zeros([1, 1, channels], tf.uint8)))
         return image, ok
 
     return decode

@@ -72,10 +72,14 @@ class Resume(keras.callbacks.Callback):
       steps_per_epoch: recorded with every save (a resume checks the plan did not change).
       every_minutes: minutes between saves inside an epoch (None or 0: only at epoch ends).
       signals: the ``StopSignals`` whose signal stops the run after a save.
+      point: the resume point when the caller has read it already (``RunFolder.read_backup``:
+        a second read would checksum the checkpoint and warn of a damaged one again).
     """
 
+    _UNREAD = object()
+
     def __init__(self, run_dir, writer=True, changes=(), restored=None, steps_per_epoch=None,
-                 every_minutes=None, signals=None):
+                 every_minutes=None, signals=None, point=_UNREAD):
         super().__init__()
         self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         self.writer, self.changes, self.restored = writer, tuple(changes), restored
@@ -83,9 +87,10 @@ class Resume(keras.callbacks.Callback):
         self.every = 60.0 * every_minutes if every_minutes else None
         self.signals = signals
         self._epoch, self._metrics, self._saved_at = 0, None, None
+        self._point = point
 
     def on_train_begin(self, logs=None):
-        point = self.folder.read_backup()
+        point = self.folder.read_backup() if self._point is self._UNREAD else self._point
         if point is not None:
             try:
                 self.model.load_weights(point.weights)
