@@ -5,10 +5,10 @@
 
 Every setting trains with ``train.py`` (one subprocess per run) from the same config
 (configs/mnist.yaml unless ``--config``) at the same budget: epochs, batch size, backbone,
-views, optimizer and schedules, bank size and τ; only ``caco.method`` and the seed
+views, optimizer and schedules, bank size and τ; only ``method.name`` and the seed
 (``train.seed`` = ``data.seed``) change.  Each run is then evaluated on the held-out 1,000 digits:
 weighted kNN top-1 (``results.json``, as train.py reports it) and linear top-1
-(``python -m caco_tf.evaluate linear``, its defaults: chosen on the validation split).  Nothing
+(``python -m caco_tf.cli.evaluate linear``, its defaults: chosen on the validation split).  Nothing
 here is tuned; the held-out digits are only ever evaluated on.
 
 Resumable: run folders live in ``WORK/<budget tag>/<setting>-seed<N>`` and every finished run's
@@ -43,7 +43,7 @@ SETTINGS = ("none", "positive", "negative", "caco", "moco_v2", "simclr")
 assert set(SETTINGS) == set(METHODS)
 NAMES = {"none": "None", "positive": "Positive (NNCLR-like)", "negative": "Negative (AdCo-like)",
          "caco": "Positive+Negative (CaCo)", "moco_v2": "MoCo v2", "simclr": "SimCLR"}
-SOURCES = {  # where a query's positive and negatives come from (caco_tf.ablations)
+SOURCES = {  # where a query's positive and negatives come from (caco_tf.methods)
     "none": ("other view's key", "batch keys"),
     "positive": ("nearest neighbour in a FIFO queue", "batch keys"),
     "negative": ("other view's key", "adversarial bank"),
@@ -100,7 +100,7 @@ def parse_args(argv=None):
         parser.error(f"unknown settings {', '.join(unknown)} (known: {', '.join(SETTINGS)})")
     if args.seeds < 1 or args.linear_epochs < 1:
         parser.error("--seeds and --linear-epochs must be positive")
-    per_run = ("caco.method", "train.seed", "data.seed", "train.epochs", "train.batch_size")
+    per_run = ("method.name", "train.seed", "data.seed", "train.epochs", "train.batch_size")
     for assignment in args.set:
         if assignment.split("=", 1)[0].strip() in per_run:
             parser.error(f"--set {assignment}: {', '.join(per_run)} are set by this script "
@@ -122,10 +122,10 @@ def budget(args):
         # Budgets counted fairly: every setting runs the same MoCo-style warm-up pass first
         # (None and SimCLR too), then its own loss, so all make the same encoder updates from
         # the same starting point, and the comparison is of the losses alone.
-        shared.append("caco.warmup_every_method=true")
-    warmup = config["caco"]["warmup_epochs"]
+        shared.append("method.warmup_every_method=true")
+    warmup = config["method"]["warmup_epochs"]
     if warmup >= epochs:  # only for tiny validation budgets: keep one epoch after the warm-up
-        shared.append(f"caco.warmup_epochs={epochs - 1}")
+        shared.append(f"method.warmup_epochs={epochs - 1}")
     resolved = load_config(args.config, shared)  # fails here, once, on a bad override
     with open(args.config, "rb") as handle:
         digest = hashlib.sha1(handle.read() + json.dumps(
@@ -134,14 +134,14 @@ def budget(args):
 
 
 def train_command(args, shared, setting, seed, run_dir):
-    overrides = shared + [f"caco.method={setting}", f"train.seed={seed}", f"data.seed={seed}"]
+    overrides = shared + [f"method.name={setting}", f"train.seed={seed}", f"data.seed={seed}"]
     return ([sys.executable, os.path.join(REPO, "train.py"), "--config", args.config,
              "--run-dir", run_dir, "--quiet"]
             + [part for value in overrides for part in ("--set", value)])
 
 
 def linear_command(args, run_dir):
-    return [sys.executable, "-m", "caco_tf.evaluate", "linear", "--run", run_dir,
+    return [sys.executable, "-m", "caco_tf.cli.evaluate", "linear", "--run", run_dir,
             "--epochs", str(args.linear_epochs),
             "--json", os.path.join(run_dir, "eval_linear.json")]
 
@@ -338,7 +338,7 @@ def write_report(args, cache, resolved, tag, path):
                    ("--no-linear" if args.no_linear else "caco_tf/linear.py is missing") + ").")
     times = [e["train_seconds"] for e in cache["runs"].values()
              if "train_seconds" in e and not e.get("resumed")]
-    train, caco = resolved["train"], resolved["caco"]
+    train, caco = resolved["train"], resolved["method"]
     # The command that trains these runs: --report-only only rewrites this file.
     command = " ".join(["python", "benchmarks/ablation.py"]
                        + [arg for arg in sys.argv[1:] if arg != "--report-only"])
@@ -363,7 +363,7 @@ def write_report(args, cache, resolved, tag, path):
         f"Seeds 0–{seeds - 1} (train.seed = data.seed). Held-out 1,000 digits against the "
         f"4,000 training digits: weighted kNN top-1 (k={resolved['evaluation']['knn_k']}, "
         f"T={resolved['evaluation']['knn_temperature']}) and linear top-1 (`python -m "
-        f"caco_tf.evaluate linear`, {args.linear_epochs} epochs, its default settings)."
+        f"caco_tf.cli.evaluate linear`, {args.linear_epochs} epochs, its default settings)."
         + linear_note + " Mean ± sample standard deviation over seeds.",
         "",
         "| setting | positive | negatives | paper, ImageNet linear top-1 (%) "

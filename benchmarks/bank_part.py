@@ -3,7 +3,7 @@
     python benchmarks/bank_part.py                       # K = 4,096, 65,536, 262,144 -> BENCHMARKS.md
     python benchmarks/bank_part.py --sizes 1024,4096 --output /tmp/b.md
 
-The same functions ``step_time.py`` times inside its ResNet-50 processes (``CaCo._caco_bank_pass``,
+The same functions ``step_time.py`` times inside its ResNet-50 processes (``CaCo.contrast``,
 the step's own code for the MPPs, the loss and its gradient with respect to the queries and the
 bank's update, then the step's diagnostics), at batch B (2B stacked query and key rows) and
 D=256, without the encoders: a few minutes instead of an hour, so the growth in K can be checked
@@ -40,7 +40,7 @@ def measure(args):
     rows = {}
     for size in args.sizes:
         config = config_lib.load_config(os.path.join(ROOT, "configs", "mnist.yaml"), [
-            f"caco.bank_size={size}", f"model.embedding_dim={args.dim}", "caco.warmup_epochs=0",
+            f"method.bank_size={size}", f"model.embedding_dim={args.dim}", "method.warmup_epochs=0",
             f"train.batch_size={args.batch}"])
         keras.utils.set_random_seed(0)
         model = build.build_model(config, step_time.STEPS_PER_EPOCH)
@@ -50,7 +50,7 @@ def measure(args):
             part: statistics.median(step_time.timed(lambda f=function: float(f(*embeddings)),
                                                     args.warmup, args.steps))
             for part, function in step_time.bank_functions(tf, model, False).items()}
-        rows[size]["tile_rows"] = model.bank_tile_rows
+        rows[size]["tile_rows"] = model.memory_bank.tile_rows
         print(f"K={size:,}: " + ", ".join(f"{p} {1e3 * t:.1f} ms" for p, t in rows[size].items()
                                           if p != "tile_rows"), flush=True)
     return rows
@@ -60,7 +60,7 @@ def section(rows, args, argv):
     lines = [BEGIN, _report.command_line("bank_part.py", argv), "",
              f"{_report.cpu_count()} CPU cores; batch {args.batch} (so {2 * args.batch} query "
              f"and {2 * args.batch} key rows), D={args.dim}, median of {args.steps} calls after "
-             f"{args.warmup}; `CaCo._caco_bank_pass` ('algorithm') and the same plus "
+             f"{args.warmup}; `CaCo.contrast` ('algorithm') and the same plus "
              "`CaCo._track` ('with diagnostics'), as timed inside `step_time.py`.", "",
              "| K | rows per tile | algorithm (ms) | with diagnostics (ms) | growth / K growth |",
              "|---:|---:|---:|---:|---:|"]

@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from caco_tf.data import augment  # noqa: E402
+from caco_tf.data.images import normalize_pixels  # noqa: E402
 from caco_tf.nets import backbones  # noqa: E402
 from caco_tf.serving import export  # noqa: E402
 
@@ -71,7 +72,8 @@ def measure(name, size, channels, mean, std, batches, repeats, budget, directory
         return None
     images = [first] + [rng.integers(0, 256, (BATCH, size, size, channels), dtype=np.uint8)
                         for _ in range(batches - 1)]
-    floats = ((np.concatenate(images) / 255.0 - mean) / np.asarray(std)).astype(np.float32)
+    floats = normalize_pixels(np.concatenate(images) / 255.0, mean,
+                              np.asarray(std)).astype(np.float32)
 
     def saved_model_pass():
         for batch in images:

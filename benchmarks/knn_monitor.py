@@ -76,7 +76,7 @@ def measure(train_glob, held_out_glob, unbounded, batch):
     config = load_config(None, [
         f"data.source=tfrecord:{train_glob}", f"data.held_out=tfrecord:{held_out_glob}",
         f"data.image_size={SIZE}", "data.channels=3", "data.views=asymmetric",
-        "model.projector_hidden=256", "model.embedding_dim=64", "caco.bank_size=4096",
+        "model.projector_hidden=256", "model.embedding_dim=64", "method.bank_size=4096",
         f"train.batch_size={batch}", "evaluation.batch_size=500"])
     train, held_out = build.load_data(config)
     views = build.build_views(config)

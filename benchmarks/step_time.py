@@ -163,7 +163,7 @@ def current_rss_mb():
 def model_settings(name, quick):
     """(config file, ``--set`` style assignments, batch) of a configuration."""
     path, batch, method, bank, xla = CONFIGS[name]
-    settings = [f"caco.method={method}", "caco.warmup_epochs=0", f"train.jit_compile={xla}",
+    settings = [f"method.name={method}", "method.warmup_epochs=0", f"train.jit_compile={xla}",
                 "model.sync_batchnorm=false"]
     if quick:
         batch = QUICK_BATCH[path]
@@ -171,43 +171,32 @@ def model_settings(name, quick):
         settings += QUICK_SETTINGS
     settings.append(f"train.batch_size={batch}")
     if bank:
-        settings.append(f"caco.bank_size={bank}")
+        settings.append(f"method.bank_size={bank}")
     return path, settings, batch
 
 
 def bank_functions(tf, model, jit):
     """The bank part of the step as tf.functions of (query1, query2, key1, key2).
 
-    CaCo: ``CaCo._caco_bank_pass``, the step's own code for everything that touches the bank
-    (MPPs, loss and its gradient with respect to the queries, the bank's update), then the same
-    plus the step's diagnostics (``CaCo._track``).  MoCo v2: its loss (logits against the queue
-    and their gradient) and the FIFO update ("queue").
+    The step's own ``contrast`` (step 2 of ``ContrastiveMethod.train_step``): for CaCo the
+    MPPs, the loss and its gradient with respect to the queries and the bank's update, then the
+    same plus the step's diagnostics (``_track``); for MoCo v2 its loss against the queue, its
+    gradient and the FIFO write ("queue").
     """
-    def caco_bank(query1, query2, key1, key2):
-        loss, query_gradient, statistics, _ = model._caco_bank_pass(
-            tf.concat([query1, query2], 0), tf.concat([key2, key1], 0),
-            model.optimizer.iterations)
-        return loss + tf.reduce_sum(query_gradient), loss, statistics
+    def contrast(query1, query2, key1, key2):
+        result = model.contrast(tf.concat([query1, query2], 0), tf.concat([key2, key1], 0),
+                                model.optimizer.iterations)
+        return result.loss + tf.reduce_sum(result.query_gradient), result
 
     def algorithm(query1, query2, key1, key2):
-        return caco_bank(query1, query2, key1, key2)[0]
+        return contrast(query1, query2, key1, key2)[0]
 
     def with_diagnostics(query1, query2, key1, key2):
-        result, loss, statistics = caco_bank(query1, query2, key1, key2)
-        model._track(loss, statistics, tf.constant(0.03), tf.constant(3.0))
-        return result
+        value, result = contrast(query1, query2, key1, key2)
+        model._track(result, tf.constant(0.03))
+        return value
 
-    def queue(query1, query2, key1, key2):
-        bank = tf.convert_to_tensor(model.bank)
-        with tf.GradientTape() as tape:
-            tape.watch([query1, query2])
-            loss = model.contrastive_loss(query1, query2, key1, key2, bank)
-        query_gradients = tape.gradient(loss, [query1, query2])
-        model.update_bank(query1, query2, key1, key2, bank, model.optimizer.iterations)
-        return loss + tf.add_n([tf.reduce_sum(g) for g in query_gradients])
-
-    # The ablation classes (MoCo v2 among them) give their loss as ``contrastive_loss``.
-    functions = ({"queue": queue} if model.method != "caco"
+    functions = ({"queue": algorithm} if model.method != "caco"
                  else {"algorithm": algorithm, "with_diagnostics": with_diagnostics})
     return {name: tf.function(f, jit_compile=jit) for name, f in functions.items()}
 
@@ -293,9 +282,9 @@ def config_result(setup, step_times, tensor_peak, peak_rss, load, args, tf):
 
     config, model, batch = setup["config"], setup["model"], setup["batch"]
     size, channels = config["data"]["image_size"], config["data"]["channels"]
-    bank_size, dim = (int(d) for d in model.bank.shape)
+    bank_size, dim = (int(d) for d in model.memory_bank.rows.shape)
     encoder_flops = profiling.forward_flops(model.query_encoder)
-    matmuls = (profiling.CACO_BANK_MATMULS if config["caco"]["method"] == "caco"
+    matmuls = (profiling.CACO_BANK_MATMULS if config["method"]["name"] == "caco"
                else profiling.MOCO_BANK_MATMULS)
     step_flops = profiling.train_step_flops(encoder_flops, batch, bank_size, dim, matmuls)
 
@@ -315,7 +304,7 @@ def config_result(setup, step_times, tensor_peak, peak_rss, load, args, tf):
 
     return {"name": setup["name"], "config": setup["path"],
             "backbone": config["model"]["backbone"], "image_size": size, "channels": channels,
-            "batch": batch, "method": config["caco"]["method"], "bank_size": bank_size,
+            "batch": batch, "method": config["method"]["name"], "bank_size": bank_size,
             "dim": dim, "projector_hidden": config["model"]["projector_hidden"],
             "xla": config["train"]["jit_compile"], "step_times": step_times,
             "bank_times": bank_times, "rss_built_mb": setup["rss_built_mb"],

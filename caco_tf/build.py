@@ -11,11 +11,11 @@ import os
 
 import tensorflow as tf
 
-from caco_tf.data import augment, sources
+from caco_tf.data import DEFAULT_CROP_FRACTION, augment, sources
 from caco_tf.methods import model_class
 from caco_tf.nets import backbones
 from caco_tf.training import optimizers
-from caco_tf.training.config import ConfigError, load_config
+from caco_tf.training.config import ConfigError, load_config, upgrade_saved_config
 from caco_tf.training.run_folder import RunFolder
 
 
@@ -36,11 +36,11 @@ def load_data(config):
 
 
 def warmup_steps(config, steps_per_epoch):
-    """Steps of the MoCo-style warm-up that fills the bank: ``caco.warmup_epochs`` epochs, and
-    at least ``caco.warmup_min_steps`` (the key encoder's EMA needs a few hundred steps to
+    """Steps of the MoCo-style warm-up that fills the bank: ``method.warmup_epochs`` epochs,
+    and at least ``method.warmup_min_steps`` (the key encoder's EMA needs a few hundred steps to
     follow the query encoder before the resync, however few steps an epoch has)."""
-    caco = config["caco"]
-    return max(caco["warmup_epochs"] * steps_per_epoch, caco["warmup_min_steps"])
+    method = config["method"]
+    return max(method["warmup_epochs"] * steps_per_epoch, method["warmup_min_steps"])
 
 
 def build_views(config):
@@ -68,14 +68,14 @@ def _named_views(config):
 
 
 def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
-    """The model ``caco.method`` names, compiled with the paper's optimizer and schedules.
+    """The model ``method.name`` names, compiled with the paper's optimizer and schedules.
 
     Build it inside the strategy's scope.  BatchNorm is synchronized over the replicas (as in
     the reference) unless ``model.sync_batchnorm`` says otherwise.  ``num_classes``: the
     online probe's, when ``evaluation.online_probe`` is on (without it, no probe: a rebuilt
     model still loads a probed run's checkpoint, the probe's weights left aside).
     """
-    model_config, caco, train = config["model"], config["caco"], config["train"]
+    model_config, caco, train = config["model"], config["method"], config["train"]
     size, channels = config["data"]["image_size"], config["data"]["channels"]
     sync = model_config["sync_batchnorm"]
     sync = num_replicas > 1 if sync is None else sync
@@ -88,8 +88,8 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
         backbone.output_shape[-1], model_config["projector_hidden"],
         model_config["embedding_dim"], sync_batchnorm=sync)
     total_steps = train["epochs"] * steps_per_epoch
-    # caco.method: CaCo or an ablation row / baseline, same arguments (caco_tf.methods).
-    model = model_class(caco["method"])(
+    # method.name: CaCo or an ablation row / baseline, same arguments (caco_tf.methods).
+    model = model_class(caco["name"])(
         backbone, projector,
         bank_size=caco["bank_size"],
         temperature=caco["temperature"],
@@ -128,12 +128,13 @@ def use_xla(jit_compile, num_replicas):
 
 
 def preprocessing(config):
-    """How images reach the backbone (``MomentumEncoderMethod.preprocessing``): the size,
+    """How images reach the backbone (``ContrastiveMethod.preprocessing``): the size,
     channels and normalization the views use, and evaluation's centre crop."""
     views = build_views(config)
     as_list = (lambda v: [float(x) for x in v] if isinstance(v, (tuple, list)) else float(v))
     return {"image_size": config["data"]["image_size"], "channels": config["data"]["channels"],
-            "mean": as_list(views.mean), "std": as_list(views.std), "crop_fraction": 0.875}
+            "mean": as_list(views.mean), "std": as_list(views.std),
+            "crop_fraction": DEFAULT_CROP_FRACTION}
 
 
 Run = collections.namedtuple("Run", "directory config model views")
@@ -148,7 +149,7 @@ def load_run(run_dir):
     weights = folder.checkpoint
     if not os.path.exists(folder.config):
         raise ConfigError(f"no config.yaml in {run_dir}: not a run folder")
-    config = load_config(folder.config)
+    config = load_config(folder.config, saved=True)  # as written, by this version or before
     if not os.path.exists(weights):
         raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
     model = build_model(config, steps_per_epoch=1)
@@ -170,7 +171,7 @@ def load_keras_file(path):
     if not getattr(model, "run_settings", None):
         raise ConfigError(f"{path} holds no run configuration (a model not built by "
                           f"caco_tf.build_model); evaluate its backbone from Python instead")
-    config = load_config(None, _assignments(model.run_settings))
+    config = load_config(None, _assignments(upgrade_saved_config(model.run_settings)))
     return Run(os.path.dirname(os.path.abspath(path)), config, model, build_views(config))
 
 

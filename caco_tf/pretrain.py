@@ -19,11 +19,11 @@ from caco_tf.training import callbacks, distribute, interrupts, peers
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
-from caco_tf.training.config import ConfigError, changed_settings
+from caco_tf.training.config import ConfigError, changed_settings, upgrade_saved_config
 
 
 def check_sizes(config, num_images, replicas=1):
-    batch, bank = config["train"]["batch_size"], config["caco"]["bank_size"]
+    batch, bank = config["train"]["batch_size"], config["method"]["bank_size"]
     if batch > num_images:
         raise data.DataError(f"train.batch_size {batch} is larger than the data set "
                              f"({num_images} images)")
@@ -33,24 +33,24 @@ def check_sizes(config, num_images, replicas=1):
     # One pass writes one key per image of its full batches: the bank holds distinct images
     # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
     filled = (num_images // batch) * batch
-    if config["caco"]["warmup_epochs"] > 0 and bank > filled:
+    if config["method"]["warmup_epochs"] > 0 and bank > filled:
         raise data.DataError(
-            f"caco.bank_size {bank} is larger than the data set at initialization: one pass "
+            f"method.bank_size {bank} is larger than the data set at initialization: one pass "
             f"fills {filled} rows from {num_images} images in batches of {batch}")
     steps = num_images // batch
     warmup = warmup_steps(config, steps)
     if warmup >= config["train"]["epochs"] * steps:
-        raise ConfigError(f"the warm-up ({warmup} steps: caco.warmup_epochs "
-                          f"{config['caco']['warmup_epochs']}, caco.warmup_min_steps "
-                          f"{config['caco']['warmup_min_steps']}) must end before the run's "
+        raise ConfigError(f"the warm-up ({warmup} steps: method.warmup_epochs "
+                          f"{config['method']['warmup_epochs']}, method.warmup_min_steps "
+                          f"{config['method']['warmup_min_steps']}) must end before the run's "
                           f"{config['train']['epochs'] * steps} steps")
 
 
 # Settings that change the schedules of a run in progress (learning rates, warm-up, EMA
 # momentum, steps per epoch): a resume refuses them unless train.on_schedule_change says how.
 SCHEDULE_SETTINGS = ("data.source", "train.epochs", "train.batch_size", "train.learning_rate",
-                     "train.lr_warmup_epochs", "train.optimizer", "caco.bank_lr",
-                     "caco.key_momentum", "caco.warmup_epochs", "caco.warmup_min_steps")
+                     "train.lr_warmup_epochs", "train.optimizer", "method.bank_lr",
+                     "method.key_momentum", "method.warmup_epochs", "method.warmup_min_steps")
 
 
 class TrainingStopped(ConfigError):
@@ -123,8 +123,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
         steps_per_epoch=steps_per_epoch))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
-        health_sample(config, views, train), config["caco"]["bank_size"]
-        if config["caco"]["method"] == "caco" else 0, 2 * steps_per_epoch * batch,
+        health_sample(config, views, train), config["method"]["bank_size"]
+        if config["method"]["name"] == "caco" else 0, 2 * steps_per_epoch * batch,
         stop_on_collapse=config["train"]["stop_on_collapse"])
     # SIGTERM and SIGINT during training: finish the step, save, stop (after it, during the
     # evaluation and export, they stop the process at once: a re-run redoes only those).
@@ -161,7 +161,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
         last = folder.read_backup()
         kept = (f"its last good state (epoch {last.epoch}) is kept in {folder.backup}"
                 if last else "no epoch finished before")
-        advice = ("lower the learning rates (train.learning_rate, caco.bank_lr) or use "
+        advice = ("lower the learning rates (train.learning_rate, method.bank_lr) or use "
                   "train.precision float32" if "loss became" in model.unhealthy
                   else callbacks.COLLAPSE_ADVICE)
         raise TrainingStopped(f"the run stopped: {model.unhealthy}; {kept}; {advice}")
@@ -206,12 +206,13 @@ def check_plan(config, run_dir, backup, changes, steps_per_epoch):
 
 def changes_since_backup(folder, config):
     """The settings that differ from the run folder's ``config.yaml`` when it holds a backup
-    (a run to resume), as ``config.changed_settings`` lists them; else []."""
+    (a run to resume), as ``config.changed_settings`` lists them; else [].  A ``config.yaml``
+    written before caco_tf 0.3.0 is compared in today's layout: the rename is no change."""
     folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
     if not (folder.has_backup() and os.path.exists(folder.config)):
         return []
     with open(folder.config) as handle:
-        return changed_settings(yaml.safe_load(handle) or {}, config)
+        return changed_settings(upgrade_saved_config(yaml.safe_load(handle) or {}), config)
 
 
 def online_probe_classes(config, train):

@@ -1,8 +1,8 @@
 """mkdocs hooks: pages generated from the code at build time, so that they cannot drift.
 
 ``<!-- configuration-reference -->`` in a page becomes the table of every configuration key:
-its default (``DEFAULTS``), what it accepts (``RULES``) and what it does (``HELP``), from
-``caco_tf/training/config.py``.
+its default, what it accepts and what it does, as ``SETTINGS`` in
+``caco_tf/training/config.py`` declares them.
 """
 
 import json
@@ -20,20 +20,20 @@ def on_page_markdown(markdown, page, config, files):
 
 def configuration_reference():
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from caco_tf.training.config import DEFAULTS_FLAT, HELP, RULES
+    from caco_tf.training.config import SETTINGS
 
     sections = {}
-    for key, default in DEFAULTS_FLAT.items():
-        sections.setdefault(key[0] if len(key) > 1 else "(top level)", []).append(
-            (".".join(key), default))
+    for name, setting in SETTINGS.items():
+        sections.setdefault(name.split(".")[0] if "." in name else "(top level)", []).append(
+            (name, setting))
     lines = []
     for section, rows in sections.items():
         lines += [f"## `{section}`" if section != "(top level)" else "## Top level", "",
                   "| key | default | accepts | what it does |", "|---|---|---|---|"]
-        for name, default in rows:
-            shown = json.dumps(default) if default is not None else "null"
-            lines.append(f"| `{name}` | `{shown}` | {_escape(RULES[name].allowed)} | "
-                         f"{_escape(HELP[name])} |")
+        for name, setting in rows:
+            shown = json.dumps(setting.default) if setting.default is not None else "null"
+            lines.append(f"| `{name}` | `{shown}` | {_escape(setting.rule.allowed)} | "
+                         f"{_escape(setting.help)} |")
         lines.append("")
     return "\n".join(lines)
 

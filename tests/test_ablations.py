@@ -1,4 +1,4 @@
-"""The ablation rows and baselines (caco_tf.ablations): their losses and bank rules against NumPy,
+"""The ablation rows and baselines (caco_tf.methods): their losses and bank rules against NumPy,
 one fit step of each, the config switch, and two mirrored replicas against one device."""
 
 import keras
@@ -11,13 +11,13 @@ from caco_tf import build, losses, methods
 from caco_tf.nets import backbones
 from caco_tf.training.config import ConfigError, load_config
 from caco_tf.nets.layers import BatchNormalization
-from caco_tf.methods import MomentumEncoderMethod
+from caco_tf.methods import ContrastiveMethod
 
 BATCH, BANK, SIZE, TAU, BANK_TAU, BANK_LR = 8, 32, 12, 0.1, 0.2, 0.5
 
 
-def tiny(method, warmup_steps=0, sync=False):
-    """test_model.tiny_caco's model, of the class ``caco.method`` names."""
+def tiny(method, warmup_steps=0, sync=False, **arguments):
+    """test_model.tiny_caco's model, of the class ``method.name`` names."""
     keras.utils.set_random_seed(0)
     backbone = keras.Sequential([
         keras.Input((SIZE, SIZE, 1)),
@@ -29,7 +29,7 @@ def tiny(method, warmup_steps=0, sync=False):
     model = methods.model_class(method)(
         backbone, projector, bank_size=BANK, temperature=TAU, bank_temperature=BANK_TAU,
         bank_learning_rate=BANK_LR, bank_momentum=0.9, key_momentum=0.9,
-        warmup_steps=warmup_steps)
+        warmup_steps=warmup_steps, **arguments)
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
     return model
 
@@ -41,11 +41,13 @@ def views(seed=0, batch=BATCH):
 
 
 def pre_step(model, view1, view2):
-    """Queries and keys as the first training step sees them (training-mode BatchNorm)."""
+    """Queries and keys (None without a key encoder) as the first training step sees them
+    (training-mode BatchNorm)."""
+    keys = ([model.key_encoder(view1, training=True).numpy(),
+             model.key_encoder(view2, training=True).numpy()] if model.key_encoder else
+            [None, None])
     return [model.query_encoder(view1, training=True).numpy(),
-            model.query_encoder(view2, training=True).numpy(),
-            model.key_encoder(view1, training=True).numpy(),
-            model.key_encoder(view2, training=True).numpy()]
+            model.query_encoder(view2, training=True).numpy()] + keys
 
 
 # ---------------------------------------------------------------------- NumPy references
@@ -161,92 +163,96 @@ def test_none_is_in_batch_infonce_with_keys():
     model = tiny("none", warmup_steps=3)
     view1, view2 = views()
     query1, query2, key1, key2 = pre_step(model, view1, view2)
-    bank0 = model.bank.numpy()
+    assert model.memory_bank is None and model.warmup_steps == 0  # no bank: nothing to fill
     history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
     expected = (np_batch_infonce(query1, key2, key2, TAU).mean()
                 + np_batch_infonce(query2, key1, key1, TAU).mean())
     assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
-    np.testing.assert_array_equal(model.bank.numpy(), bank0)  # no warm-up, no bank
 
 
 def test_positive_takes_the_queues_nearest_neighbour_then_enqueues():
     model = tiny("positive")
     view1, view2 = views()
     query1, query2, key1, key2 = pre_step(model, view1, view2)
-    queue = _unit(model.bank.numpy())
+    queue = _unit(model.memory_bank.rows.numpy())
     neighbour = lambda keys: queue[np.argmax(keys @ queue.T, axis=-1)]  # noqa: E731
     history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
     expected = (np_batch_infonce(query1, neighbour(key2), key2, TAU).mean()
                 + np_batch_infonce(query2, neighbour(key1), key1, TAU).mean())
     assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
-    np.testing.assert_allclose(model.bank.numpy()[:BATCH], key1, rtol=1e-5, atol=1e-6)
-    assert int(model.bank_pointer.numpy()) == BATCH
+    np.testing.assert_allclose(model.memory_bank.rows.numpy()[:BATCH], key1, rtol=1e-5, atol=1e-6)
+    assert int(model.memory_bank.pointer.numpy()) == BATCH
 
 
 def test_moco_v2_only_enqueues_keys():
     model = tiny("moco_v2")
-    bank0 = model.bank.numpy()
+    bank0 = model.memory_bank.rows.numpy()
     batches = [views(seed) for seed in range(2)]
     keys, expected = [], []
     for seed, (view1, view2) in enumerate(batches):
         query1, query2, key1, key2 = pre_step(model, view1, view2)
-        bank = model.bank.numpy()
+        bank = model.memory_bank.rows.numpy()
         expected.append(np_moco(query1, key2, bank, TAU).mean()
                         + np_moco(query2, key1, bank, TAU).mean())
         history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
         assert history.history["loss"][0] == pytest.approx(expected[-1], rel=1e-4)
         keys.append(key1)
     # Rows 0..15 are the two batches' view-1 keys, FIFO; the rest and the velocity untouched.
-    np.testing.assert_allclose(model.bank.numpy()[:2 * BATCH], np.concatenate(keys),
+    np.testing.assert_allclose(model.memory_bank.rows.numpy()[:2 * BATCH], np.concatenate(keys),
                                rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(model.bank.numpy()[2 * BATCH:], bank0[2 * BATCH:])
-    np.testing.assert_array_equal(model.bank_velocity.numpy(), 0.0)
-    assert int(model.bank_pointer.numpy()) == 2 * BATCH
+    np.testing.assert_array_equal(model.memory_bank.rows.numpy()[2 * BATCH:], bank0[2 * BATCH:])
+    np.testing.assert_array_equal(model.memory_bank.velocity.numpy(), 0.0)
+    assert int(model.memory_bank.pointer.numpy()) == 2 * BATCH
 
 
 def test_negative_bank_takes_the_adco_ascent_step():
     model = tiny("negative")
     view1, view2 = views()
     query1, query2, key1, key2 = pre_step(model, view1, view2)
-    bank0 = model.bank.numpy()
+    bank0 = model.memory_bank.rows.numpy()
     history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
     gradient = (np_adco_gradient(query1, key2, bank0, BANK_TAU)
                 + np_adco_gradient(query2, key1, bank0, BANK_TAU))
     # SGD momentum from zero velocity: b - η g; the encoder's loss is MoCo's against the bank.
-    np.testing.assert_allclose(model.bank_velocity.numpy(), gradient, rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(model.bank.numpy(), bank0 - BANK_LR * gradient, rtol=1e-4,
+    np.testing.assert_allclose(model.memory_bank.velocity.numpy(), gradient, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - BANK_LR * gradient, rtol=1e-4,
                                atol=1e-6)
     expected = np_moco(query1, key2, bank0, TAU).mean() + np_moco(query2, key1, bank0, TAU).mean()
     assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
     assert history.history["bank_lr"][0] == pytest.approx(BANK_LR)
 
 
-def test_simclr_is_nt_xent_and_leaves_keys_and_bank_alone():
+def test_simclr_is_nt_xent_without_keys_or_bank():
     model = tiny("simclr", warmup_steps=2)
+    assert model.key_encoder is None and model.memory_bank is None
     view1, view2 = views()
     query1, query2, _, _ = pre_step(model, view1, view2)
-    bank0, key0 = model.bank.numpy(), model.key_encoder.trainable_variables[0].numpy()
+    weight0 = model.query_encoder.trainable_variables[0].numpy()
     history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
     per_anchor = np_nt_xent(np.concatenate([query1, query2]), TAU)
     expected = per_anchor[:BATCH].mean() + per_anchor[BATCH:].mean()
     assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
-    np.testing.assert_array_equal(model.bank.numpy(), bank0)
-    np.testing.assert_array_equal(model.key_encoder.trainable_variables[0].numpy(), key0)
-    assert np.abs(model.query_encoder.trainable_variables[0].numpy() - key0).max() > 1e-6
+    assert np.abs(model.query_encoder.trainable_variables[0].numpy() - weight0).max() > 1e-6
+
+
+def test_warmup_every_method_gives_a_bankless_method_the_warmups_parts():
+    model = tiny("simclr", warmup_steps=2, warmup_every_method=True)
+    assert model.key_encoder is not None and model.memory_bank is not None
+    assert "bank_norm" not in [metric.name for metric in model.metrics]  # its own step has none
 
 
 # ---------------------------------------------------------------------- configuration
 def test_config_picks_the_class():
-    overrides = ["model.projector_hidden=16", "model.embedding_dim=8", "caco.bank_size=64"]
+    overrides = ["model.projector_hidden=16", "model.embedding_dim=8", "method.bank_size=64"]
     for method, cls in methods.METHODS.items():
-        config = load_config(None, overrides + [f"caco.method={method}"])
+        config = load_config(None, overrides + [f"method.name={method}"])
         model = build.build_model(config, steps_per_epoch=2)
-        assert type(model) is cls and isinstance(model, MomentumEncoderMethod)
-    assert load_config(None)["caco"]["method"] == "caco"
-    with pytest.raises(ConfigError, match="caco.method must be one of caco, none"):
-        load_config(None, ["caco.method=byol"])
-    with pytest.raises(ConfigError, match="multicrop works with caco.method caco only"):
-        load_config(None, ["caco.method=simclr", "data.views=multicrop"])
+        assert type(model) is cls and isinstance(model, ContrastiveMethod)
+    assert load_config(None)["method"]["name"] == "caco"
+    with pytest.raises(ConfigError, match="method.name must be one of caco, none"):
+        load_config(None, ["method.name=byol"])
+    with pytest.raises(ConfigError, match="multicrop works with method.name caco only"):
+        load_config(None, ["method.name=simclr", "data.views=multicrop"])
 
 
 # ---------------------------------------------------------------------- two replicas
@@ -265,7 +271,5 @@ def test_two_replicas_equal_one_device(method):
         mirrored = tiny(method, sync=True)
     mirrored_loss = mirrored.fit(dataset, epochs=1, verbose=0).history["loss"][0]
     assert mirrored_loss == pytest.approx(single_loss, rel=1e-5)
-    _assert_close(mirrored.bank.numpy(), single.bank.numpy(), "bank")
-    for a, b in zip(single.query_encoder.weights + single.key_encoder.weights,
-                    mirrored.query_encoder.weights + mirrored.key_encoder.weights):
+    for a, b in zip(single.weights, mirrored.weights):  # encoders and bank, if any
         _assert_close(b.numpy(), a.numpy(), a.path)

@@ -66,14 +66,22 @@ def test_jitter_is_torchvisions_four_blends_in_any_order():
         np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
+def hue_only(turns):
+    """The colour map with only the hue jitter, at its largest draw: a rotation by ``turns``."""
+    matrix, offset = augment.colour_affine(tf.constant(0.4), draws_with(hue=1.0),
+                                           (0.0, 0.0, 0.0, turns), tf.constant(True),
+                                           tf.constant(False), 3)
+    assert offset.numpy() == 0.0
+    return matrix.numpy()
+
+
 def test_hue_rotation_keeps_luma_and_gray_and_moves_red_towards_yellow():
     rng = np.random.default_rng(1)
     pixels = rng.uniform(size=(20, 3))
-    rotation = augment._hue_rotation(tf.constant(0.07)).numpy()
+    rotation = hue_only(0.07)
     np.testing.assert_allclose((pixels @ rotation.T) @ LUMA, pixels @ LUMA, atol=1e-5)
     np.testing.assert_allclose(rotation @ np.full(3, 0.4), np.full(3, 0.4), atol=1e-6)
-    np.testing.assert_allclose(augment._hue_rotation(tf.constant(0.0)).numpy(), np.eye(3),
-                               atol=1e-6)
+    np.testing.assert_allclose(hue_only(0.0), np.eye(3), atol=1e-6)
     red = rotation @ np.array([1.0, 0.0, 0.0])
     assert red[1] > 0.05 > red[2]  # +hue: red gains green (HSV: red → yellow)
 

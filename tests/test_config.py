@@ -5,23 +5,25 @@ from caco_tf.training.config import ConfigError, changed_settings, load_config
 
 def test_defaults_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("caco: {bank_size: 1024}\ntrain: {epochs: 3}\n")
-    config = load_config(str(path), ["caco.bank_lr=0.5", "train.learning_rate=1"])
-    assert config["caco"]["bank_size"] == 1024
-    assert config["caco"]["bank_lr"] == 0.5
+    path.write_text("method: {bank_size: 1024, name: simclr}\ntrain: {epochs: 3}\n")
+    config = load_config(str(path), ["method.bank_lr=0.5", "train.learning_rate=1"])
+    assert config["method"]["bank_size"] == 1024 and config["method"]["name"] == "simclr"
+    assert config["method"]["bank_lr"] == 0.5
     assert config["train"]["learning_rate"] == 1.0 and isinstance(
         config["train"]["learning_rate"], float)
-    assert config["caco"]["temperature"] == 0.08  # untouched default
+    assert config["method"]["temperature"] == 0.08  # untouched default
 
 
 @pytest.mark.parametrize("assignment, message", [
-    ("caco.bank_sise=5", "unknown config key 'caco.bank_sise'"),
+    ("method.bank_sise=5", "unknown config key 'method.bank_sise'"),
     ("train.epochs=ten", "train.epochs must be of type int"),
     ("train.epochs=2.5", "train.epochs must be of type int"),
     ("model.sync_batchnorm=1", "model.sync_batchnorm must be true or false"),
-    ("caco.temperature=0", "caco.temperature must be a number > 0, got 0.0"),
+    ("method.temperature=0", "method.temperature must be a number > 0, got 0.0"),
     ("train.optimizer=adam", "train.optimizer must be one of auto, sgd, lars, got 'adam'"),
-    ("caco=3", "caco must be a mapping"),
+    ("model=3", "model must be a mapping"),
+    ("method=simclr", "method must be a mapping of settings (the method itself is method.name)"),
+    ("method.method=simclr", "caco.method was renamed method.name in caco_tf 0.3.0"),
     ("epochs", "--set expects key=value"),
 ])
 def test_bad_values_are_one_line_errors(assignment, message):
@@ -51,10 +53,142 @@ def test_changed_settings_names_each_differing_key_with_both_values():
     assert changed_settings({"a": {"b": 1}}, {"a": {}}) == ["a.b: 1 -> None"]
 
 
-def test_every_key_has_a_rule_and_a_line_of_help():
-    from caco_tf.training.config import DEFAULTS_FLAT, HELP, RULES
+def test_every_setting_has_one_line_of_help_and_a_rule_its_default_passes():
+    from caco_tf.training.config import DEFAULTS, SETTINGS
 
-    keys = {".".join(key) for key in DEFAULTS_FLAT}
-    assert set(RULES) == keys and set(HELP) == keys
-    for key, rule in RULES.items():  # the default passes its own rule
-        assert rule.check(DEFAULTS_FLAT[tuple(key.split("."))]), key
+    assert load_config(None) == DEFAULTS  # the defaults pass every check together, too
+    for name, setting in SETTINGS.items():
+        assert setting.help.strip() and "\n" not in setting.help, name
+        assert setting.rule.allowed.strip() and "\n" not in setting.rule.allowed, name
+        assert setting.rule.check(setting.default), name
+        # A derived (None) default: a given value of its type is checked by the rule.
+        assert setting.type is not type(None), name
+
+
+def test_defaults_are_the_settings_nested_by_section():
+    from caco_tf.training.config import DEFAULTS, DEFAULTS_FLAT, RULES, SETTINGS
+
+    assert {".".join(key) for key in DEFAULTS_FLAT} == set(SETTINGS) == set(RULES)
+    assert DEFAULTS["method"]["name"] == "caco"
+    assert DEFAULTS["data"]["multicrop"]["local_crops"] == 6
+    assert list(DEFAULTS) == ["name", "data", "model", "method", "train", "distribute",
+                              "evaluation"]
+
+
+def test_a_derived_setting_takes_a_value_of_its_type_or_null():
+    config = load_config(None, ["train.learning_rate=1", "model.sync_batchnorm=null",
+                                "model.widths=[8, 8, 16, 16]"])
+    assert config["train"]["learning_rate"] == 1.0 and config["model"]["sync_batchnorm"] is None
+    with pytest.raises(ConfigError, match="model.widths must be of type list, got 8"):
+        load_config(None, ["model.widths=8"])
+
+
+@pytest.mark.parametrize("assignment, new", [
+    ("caco.bank_lr=0.3", "method.bank_lr"),
+    ("caco.method=simclr", "method.name"),
+    ("caco.warmup_epochs=0", "method.warmup_epochs"),
+])
+def test_an_old_key_in_a_set_is_refused_with_its_new_name(assignment, new):
+    old = assignment.split("=")[0]
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [assignment])
+    assert str(error.value) == (f"{old} was renamed {new} in caco_tf 0.3.0; rename it in your "
+                                f"configuration")
+
+
+def test_an_old_section_in_a_yaml_file_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("train: {epochs: 3}\ncaco:\n  method: simclr\n  bank_lr: 0.3\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(str(path))
+    message = str(error.value)
+    assert message.startswith("caco.method was renamed method.name in caco_tf 0.3.0; rename it "
+                              "in your configuration")
+    assert "the whole section caco is now method" in message and "\n" not in message
+    path.write_text("caco: {bank_lr: 0.3, method: simclr}\n")
+    with pytest.raises(ConfigError, match=r"caco.bank_lr was renamed method.bank_lr .*caco.method "
+                                          r"is method.name"):
+        load_config(str(path))
+    path.write_text("caco: {bank_sise: 3}\n")
+    with pytest.raises(ConfigError, match="unknown config key 'caco.bank_sise' \\(the section caco "
+                                          "was renamed method"):
+        load_config(str(path))
+
+
+OLD_RUN_CONFIG = """\
+name: old
+data: {source: mnist, image_size: 28, channels: 1, views: digits}
+model: {backbone: small_convnet, projector_hidden: 32, embedding_dim: 16}
+caco: {bank_size: 64, bank_lr: 0.3, warmup_epochs: 1, method: simclr}
+train: {epochs: 2, batch_size: 16}
+"""
+
+
+def as_saved_by_0_2(config):
+    """A configuration in the layout caco_tf 0.2 saved (section caco, key caco.method)."""
+    return {("caco" if key == "method" else key): (
+        {("method" if k == "name" else k): v for k, v in value.items()}
+        if key == "method" else value) for key, value in config.items()}
+
+
+def test_a_config_yaml_saved_before_the_rename_loads_in_the_new_layout(tmp_path):
+    from caco_tf.training.config import upgrade_saved_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(OLD_RUN_CONFIG)
+    config = load_config(str(path), saved=True)
+    assert config["method"]["name"] == "simclr" and config["method"]["bank_size"] == 64
+    assert "caco" not in config
+    with pytest.raises(ConfigError, match="caco.bank_size was renamed method.bank_size"):
+        load_config(str(path))  # as a user's configuration: refused
+    old = {"name": "old", "caco": {"method": "moco_v2", "bank_lr": 0.3}, "train": {}}
+    new = upgrade_saved_config(old)
+    assert new == {"name": "old", "method": {"name": "moco_v2", "bank_lr": 0.3}, "train": {}}
+    assert list(new) == ["name", "method", "train"] and "caco" in old  # a copy, in order
+    assert upgrade_saved_config(config) == config  # today's layout: as it is
+
+
+def test_resuming_a_run_folder_saved_before_the_rename_reports_no_change(tmp_path):
+    import os
+
+    import yaml
+
+    from caco_tf.pretrain import changes_since_backup
+    from caco_tf.training.run_folder import METADATA, RunFolder
+
+    folder = RunFolder(str(tmp_path / "run"))
+    os.makedirs(folder.backup)
+    with open(os.path.join(folder.backup, METADATA), "w") as handle:
+        handle.write("{}")  # a backup to resume (its contents are not read here)
+    same = load_config(None, ["method.bank_lr=0.3", "method.name=simclr"])
+    with open(folder.config, "w") as handle:  # the resolved configuration, as 0.2 wrote it
+        yaml.safe_dump(as_saved_by_0_2(same), handle, sort_keys=False)
+    assert "caco:" in open(folder.config).read()
+    assert changes_since_backup(folder, same) == []
+    changed = load_config(None, ["method.bank_lr=0.5", "method.name=simclr"])
+    assert changes_since_backup(folder, changed) == ["method.bank_lr: 0.3 -> 0.5"]
+
+
+def test_a_run_folder_and_a_keras_file_saved_before_the_rename_load(tmp_path, monkeypatch):
+    import keras
+    import yaml
+    from tiny_run import make_run
+
+    from caco_tf import build
+    from caco_tf.training.run_folder import RunFolder
+
+    run_dir, _ = make_run(tmp_path / "run")
+    folder = RunFolder(run_dir)
+    config = yaml.safe_load(open(folder.config))
+    with open(folder.config, "w") as handle:
+        yaml.safe_dump(as_saved_by_0_2(config), handle, sort_keys=False)
+    run = build.load_run(run_dir)  # caco-evaluate, caco-figures and caco-export read it so
+    assert run.config == config and run.model.method == "caco"
+
+    class Saved:  # what keras.models.load_model gives for a 0.2 .keras file: its run settings
+        run_settings = as_saved_by_0_2(config)
+
+    path = tmp_path / "model.keras"
+    path.write_text("")
+    monkeypatch.setattr(keras.models, "load_model", lambda *args, **kwargs: Saved())
+    assert build.load_keras_file(str(path)).config == config

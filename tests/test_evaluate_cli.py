@@ -1,4 +1,4 @@
-"""python -m caco_tf.evaluate: kNN and linear on a run's own data, TFDS transfer, raw pixels,
+"""caco-evaluate: kNN and linear on a run's own data, TFDS transfer, raw pixels,
 the printed table and JSON, and one-line errors.  TFDS data is tfds.testing.mock_data."""
 
 import json
@@ -152,11 +152,3 @@ def test_data_without_held_out_split_is_an_error(capsys, tmp_path):
     status, _, err = cli(capsys, "knn", "--pixels", "--data", f"npz:{path}")
     assert status == 2
     assert "has no labelled held-out split; pass --held-out SOURCE" in err
-
-
-def test_the_commands_choices_are_the_linear_protocols():
-    """caco-evaluate spells the protocol's choices out so that --help needs no TensorFlow."""
-    from caco_tf.evaluation import linear
-
-    assert evaluate.AUGMENTATIONS == linear.AUGMENTATIONS
-    assert evaluate.L2_GRID == linear.L2_GRID and evaluate.L2_FOLDS == linear.L2_FOLDS

@@ -146,7 +146,7 @@ def labelled_batches(steps, batch=16, seed=0, labels=True):
 
 def encoder_state(model):
     return [w.numpy() for w in model.query_encoder.weights + model.key_encoder.weights
-            + [model.bank, model.bank_velocity, model.bank_pointer]]
+            + [model.memory_bank.rows, model.memory_bank.velocity, model.memory_bank.pointer]]
 
 
 def test_online_probe_never_changes_the_encoder():
@@ -252,7 +252,7 @@ def test_pretraining_with_the_online_probe(tmp_path, capsys):
 
     # One epoch, no warm-up (the warm-up step's probe is tested above), no kNN monitor.
     config = load_config(None, OVERRIDES + [
-        "train.epochs=1", "caco.warmup_epochs=0", "evaluation.knn_monitor_every=0",
+        "train.epochs=1", "method.warmup_epochs=0", "evaluation.knn_monitor_every=0",
         "evaluation.online_probe=true"])
     run_dir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=48):

@@ -97,7 +97,7 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_
     assert backup.epoch == 1  # epoch 2 was not saved
     restored = tiny_caco()
     restored.load_weights(backup.weights)
-    assert np.isfinite(restored.bank.numpy()).all()
+    assert np.isfinite(restored.memory_bank.rows.numpy()).all()
     assert int(restored.optimizer.iterations.numpy()) == 3
 
 

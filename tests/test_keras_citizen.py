@@ -14,8 +14,8 @@ from caco_tf import build, methods
 from caco_tf.training.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["model.projector_hidden=32", "model.embedding_dim=16", "caco.bank_size=64",
-        "train.batch_size=8", "train.epochs=3", "caco.warmup_epochs=1",
+TINY = ["model.projector_hidden=32", "model.embedding_dim=16", "method.bank_size=64",
+        "train.batch_size=8", "train.epochs=3", "method.warmup_epochs=1",
         "evaluation.online_probe=false"]
 
 
@@ -33,7 +33,7 @@ def _state(model):
 @pytest.mark.parametrize("method", ["caco", "moco_v2", "simclr"])
 def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
     keras.utils.set_random_seed(0)
-    config = load_config(None, TINY + [f"caco.method={method}"])
+    config = load_config(None, TINY + [f"method.name={method}"])
     model = build.build_model(config, steps_per_epoch=2)
     model.fit(_batches(3), epochs=1, verbose=0)  # into the method's own phase (step 3 > 2)
     path = str(tmp_path / "model.keras")
@@ -58,7 +58,7 @@ def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
 
 @pytest.mark.parametrize("method", list(methods.METHODS))
 def test_every_method_is_rebuilt_from_its_config(method):
-    config = load_config(None, TINY + [f"caco.method={method}"])
+    config = load_config(None, TINY + [f"method.name={method}"])
     model = build.build_model(config, steps_per_epoch=2)
     registered = keras.saving.get_registered_name(type(model))
     assert registered == f"caco_tf>{type(model).__name__}"
@@ -105,7 +105,7 @@ def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch)
     example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     original = 'caco_tf.load_config("configs/mnist.yaml")'
     assert original in example
-    overrides = TINY + ["train.epochs=2", "train.batch_size=128", "caco.bank_size=256",
+    overrides = TINY + ["train.epochs=2", "train.batch_size=128", "method.bank_size=256",
                         "evaluation.knn_monitor_every=0", "train.jit_compile=false",
                         "model.widths=[8,16,16,32]"]
     example = example.replace(original, f"caco_tf.load_config("

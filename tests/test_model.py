@@ -44,7 +44,7 @@ def one_batch_dataset(view1, view2):
 def test_one_step_follows_the_paper():
     model = tiny_caco()
     view1, view2 = views()
-    bank0 = model.bank.numpy()
+    bank0 = model.memory_bank.rows.numpy()
     key_weight0 = model.key_encoder.trainable_variables[0].numpy()
     # The pre-step forward pass (training mode: batch statistics, as the step uses).
     query1 = model.query_encoder(view1, training=True)
@@ -71,11 +71,11 @@ def test_one_step_follows_the_paper():
     history = model.fit(one_batch_dataset(view1, view2), epochs=1, verbose=0)
 
     # Bank: SGD momentum from zero velocity → b - η g, g summed over the two views.
-    np.testing.assert_allclose(model.bank_velocity.numpy(), gradient.numpy(), rtol=1e-4,
+    np.testing.assert_allclose(model.memory_bank.velocity.numpy(), gradient.numpy(), rtol=1e-4,
                                atol=1e-7)
-    np.testing.assert_allclose(model.bank.numpy(), bank0 - 0.5 * gradient.numpy(), rtol=1e-4,
+    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - 0.5 * gradient.numpy(), rtol=1e-4,
                                atol=1e-6)
-    assert np.abs(model.bank.numpy() - bank0).max() > 1e-4
+    assert np.abs(model.memory_bank.rows.numpy() - bank0).max() > 1e-4
     # Loss and metrics reported through the trackers.
     assert history.history["loss"][0] == pytest.approx(expected_loss, rel=1e-4)
     for name in ("contrast_top1", "mpp_prob", "lr", "bank_lr", "distinct_mpp", "bank_norm"):
@@ -95,11 +95,11 @@ def test_one_step_follows_the_paper():
 
 def test_evaluate_changes_nothing():
     model = tiny_caco()
-    bank0 = model.bank.numpy()
+    bank0 = model.memory_bank.rows.numpy()
     weights0 = [w.numpy() for w in model.weights]
     result = model.evaluate(one_batch_dataset(*views()), verbose=0, return_dict=True)
     assert np.isfinite(result["loss"]) and result["loss"] > 0
-    np.testing.assert_array_equal(model.bank.numpy(), bank0)
+    np.testing.assert_array_equal(model.memory_bank.rows.numpy(), bank0)
     for before, after in zip(weights0, model.weights):
         np.testing.assert_array_equal(before, after.numpy())
 
@@ -111,8 +111,8 @@ def test_warmup_fills_the_bank_with_keys_then_resyncs():
         (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])))
     model.fit(dataset.take(4), epochs=1, verbose=0)
     # 4 steps × 8 keys = 32 rows: every row is now a (unit) key embedding.
-    np.testing.assert_allclose(np.linalg.norm(model.bank.numpy(), axis=-1), 1.0, rtol=1e-5)
-    assert int(model.bank_pointer.numpy()) == 0
+    np.testing.assert_allclose(np.linalg.norm(model.memory_bank.rows.numpy(), axis=-1), 1.0, rtol=1e-5)
+    assert int(model.memory_bank.pointer.numpy()) == 0
     assert not model._bank_ready
     # The first CaCo step re-syncs the key encoder to the query encoder before stepping, so
     # afterwards key = m·query_before + (1-m)·query_after.

@@ -48,7 +48,7 @@ def test_without_local_crops_it_is_the_two_view_step():
     # The two-view step takes the same formulas tile by tile (caco_tf.bank's tiled passes),
     # the multi-crop step by products and a tape: equal up to float32 rounding.
     assert history_multi["loss"] == pytest.approx(history_two["loss"], rel=1e-6)
-    np.testing.assert_allclose(multi.bank.numpy(), two_view.bank.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(multi.memory_bank.rows.numpy(), two_view.memory_bank.rows.numpy(), rtol=1e-5, atol=1e-6)
     for a, b in zip(multi.query_encoder.weights + multi.key_encoder.weights,
                     two_view.query_encoder.weights + two_view.key_encoder.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
@@ -57,7 +57,7 @@ def test_without_local_crops_it_is_the_two_view_step():
 def test_multicrop_step_follows_the_loss_over_crops():
     model = tiny_caco(True)
     batch = crops(local=2)
-    bank0 = model.bank.numpy()
+    bank0 = model.memory_bank.rows.numpy()
     # The pre-step forward passes, as the step makes them (training mode, one pass per crop).
     queries = [model.query_encoder(c, training=True) for c in batch]
     key1 = model.key_encoder(batch[0], training=True)
@@ -82,9 +82,9 @@ def test_multicrop_step_follows_the_loss_over_crops():
     history = fit_one(model, batch)
 
     assert history["loss"][0] == pytest.approx(expected_loss, rel=1e-5)
-    np.testing.assert_allclose(model.bank_velocity.numpy(), expected_gradient, rtol=1e-4,
+    np.testing.assert_allclose(model.memory_bank.velocity.numpy(), expected_gradient, rtol=1e-4,
                                atol=1e-7)
-    np.testing.assert_allclose(model.bank.numpy(), bank0 - 0.5 * expected_gradient, rtol=1e-4,
+    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - 0.5 * expected_gradient, rtol=1e-4,
                                atol=1e-6)
     # The local crops do move the bank: without them the update differs.
     two_crops_gradient = grad(queries[0], positive1) + grad(queries[1], positive2)
@@ -97,7 +97,7 @@ def test_warmup_and_evaluation_use_the_global_crops():
     history = model.fit(batches, epochs=1, verbose=0).history  # one warm-up step, one CaCo step
     assert int(model.optimizer.iterations.numpy()) == 2 and np.isfinite(history["loss"][0])
     # The warm-up enqueued the key embeddings of the first global crop.
-    assert int(model.bank_pointer.numpy()) == BATCH
+    assert int(model.memory_bank.pointer.numpy()) == BATCH
     result = model.evaluate(tf.data.Dataset.from_tensors(crops(local=3)), verbose=0,
                             return_dict=True)
     assert np.isfinite(result["loss"])

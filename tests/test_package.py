@@ -5,6 +5,7 @@ environment is .ci/wheel-smoke's (run by .ci/run)."""
 import importlib
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -70,6 +71,19 @@ def test_every_command_says_its_version(command, capsys):
     assert capsys.readouterr().out.strip().endswith(f" {caco_tf.__version__}")
     scripts = pyproject()["project"]["scripts"]
     assert f"caco_tf.cli.{command}:main" in scripts.values()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_commands_help_imports_no_tensorflow(command):
+    """The choices and defaults --help shows (the linear protocol's, the export formats, the
+    crop fraction) come from modules without TensorFlow, so --help answers at once."""
+    script = (f"import sys\nfrom caco_tf.cli import {command}\n"
+              f"try:\n    {command}.parse_args(['--help'])\nexcept SystemExit:\n    pass\n"
+              "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout
 
 
 # Dependencies the package needs without importing them itself, and why.

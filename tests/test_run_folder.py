@@ -168,8 +168,8 @@ def test_training_onto_a_full_disk_ends_in_one_error_line(tmp_path):
                    CUDA_VISIBLE_DEVICES="")
         result = subprocess.run(
             [sys.executable, os.path.join(ROOT, "train.py"), "--run-dir", run_dir, "--quiet",
-             "--set", f"data.source=npz:{data}", "--set", "train.epochs=2", "--set", "caco.warmup_epochs=1",
-             "--set", "train.batch_size=64", "--set", "caco.bank_size=64",
+             "--set", f"data.source=npz:{data}", "--set", "train.epochs=2", "--set", "method.warmup_epochs=1",
+             "--set", "train.batch_size=64", "--set", "method.bank_size=64",
              "--set", "model.projector_hidden=32", "--set", "model.embedding_dim=16",
              "--set", "evaluation.knn_monitor_every=0", "--set", "evaluation.health_images=0"],
             cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
@@ -197,7 +197,7 @@ def test_a_resume_that_cannot_continue_names_the_versions(model, tmp_path):
     metadata["checkpoints"][0]["version"] = "0.1.0"
     json.dump(metadata, open(path, "w"))
     other = CaCo(model.backbone, backbones.build_projector(4, hidden_dim=16, output_dim=6),
-                 bank_size=int(model.bank.shape[0]) + 1)  # another shape
+                 bank_size=int(model.memory_bank.rows.shape[0]) + 1)  # another shape
     other.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
     resume = callbacks.Resume(folder)
     resume.set_model(other)

@@ -61,14 +61,14 @@ def test_the_prepared_data_set_is_read_by_name_by_the_evaluation_command(tiny_di
     data_dir, _, _ = tiny_digits
     config = load_config(None, [
         "data.source=tfds:caco_tiny_digits", f"data.data_dir={data_dir}",
-        "model.projector_hidden=32", "model.embedding_dim=16", "caco.bank_size=16",
+        "model.projector_hidden=32", "model.embedding_dim=16", "method.bank_size=16",
         "train.batch_size=8", "evaluation.knn_k=3"])
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     build.build_model(config, steps_per_epoch=1).save_weights(
         str(run_dir / "checkpoints" / "last.weights.h5"))
-    result = subprocess.run([sys.executable, "-m", "caco_tf.evaluate", "knn", "--run",
+    result = subprocess.run([sys.executable, "-m", "caco_tf.cli.evaluate", "knn", "--run",
                              str(run_dir)], cwd=str(tmp_path), capture_output=True, text=True,
                             timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr[-2000:]

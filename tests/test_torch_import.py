@@ -205,8 +205,8 @@ def test_features_and_embeddings_equal_pytorch(imported, encoder):
 
 def test_bank_statistics_and_resume_state_are_carried_exactly(imported):
     model, checkpoint = imported.model, imported.checkpoint
-    np.testing.assert_array_equal(model.bank.numpy(), checkpoint["Memory_Bank"]["W"].numpy().T)
-    np.testing.assert_array_equal(model.bank_velocity.numpy(),
+    np.testing.assert_array_equal(model.memory_bank.rows.numpy(), checkpoint["Memory_Bank"]["W"].numpy().T)
+    np.testing.assert_array_equal(model.memory_bank.velocity.numpy(),
                                   checkpoint["Memory_Bank"]["v"].numpy().T)
     state = checkpoint["state_dict"]
     for prefix, encoder in (("module.encoder_q", model.query_encoder),
@@ -227,9 +227,9 @@ def test_bank_statistics_and_resume_state_are_carried_exactly(imported):
     # The sizes come from the checkpoint; the resume point from ImageNet's 1,281,167 images.
     config = imported.config
     assert (config["model"]["projector_hidden"], config["model"]["embedding_dim"],
-            config["caco"]["bank_size"]) == (HIDDEN, DIM, BANK)
+            config["method"]["bank_size"]) == (HIDDEN, DIM, BANK)
     steps = 1281167 // 1024
-    resume_epoch = config["caco"]["warmup_epochs"] + EPOCH
+    resume_epoch = config["method"]["warmup_epochs"] + EPOCH
     assert model._initial_epoch == resume_epoch
     assert int(model.optimizer.iterations.numpy()) == resume_epoch * steps
     run_dir = imported.run_dir
@@ -285,11 +285,11 @@ def resnet18_checkpoint():
     (lambda ok: {"model": {}}, "the checkpoint has no 'state_dict' dict (its keys: model)"),
 ])
 def test_a_wrong_checkpoint_names_the_key_and_changes_nothing(imported, make, message):
-    before = imported.model.bank.numpy().copy(), imported.model.backbone.weights[0].numpy().copy()
+    before = imported.model.memory_bank.rows.numpy().copy(), imported.model.backbone.weights[0].numpy().copy()
     with pytest.raises(CheckpointError) as caught:
         torch_import.import_checkpoint(imported.model, make(imported))
     assert message in str(caught.value)
-    np.testing.assert_array_equal(imported.model.bank.numpy(), before[0])
+    np.testing.assert_array_equal(imported.model.memory_bank.rows.numpy(), before[0])
     np.testing.assert_array_equal(imported.model.backbone.weights[0].numpy(), before[1])
 
 

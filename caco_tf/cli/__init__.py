@@ -4,8 +4,8 @@
 console script         module           also runs as
 =====================  ===============  ================================================
 ``caco-train``         ``train``        ``python train.py``
-``caco-evaluate``      ``evaluate``     ``python -m caco_tf.evaluate``
-``caco-figures``       ``figures``      ``python -m caco_tf.figures``
+``caco-evaluate``      ``evaluate``     ``python -m caco_tf.cli.evaluate``
+``caco-figures``       ``figures``      ``python -m caco_tf.cli.figures``
 ``caco-export``        ``export``       ``python export/export_saved_model.py``
 ``caco-extract``       ``extract``      ``python export/extract_features.py``
 ``caco-import-torch``  ``import_torch``  ``python export/import_torch.py``

@@ -1,4 +1,4 @@
-"""Evaluate a run's frozen backbone (``caco-evaluate``, ``python -m caco_tf.evaluate``).
+"""Evaluate a run's frozen backbone (``caco-evaluate``, ``python -m caco_tf.cli.evaluate``).
 
     caco-evaluate knn    --run RUN_DIR [--data SOURCE] [--json OUT]
     caco-evaluate linear --run RUN_DIR [--data SOURCE] [--json OUT]
@@ -19,12 +19,8 @@ import os
 import sys
 
 from caco_tf import cli
-
-# The linear protocol's choices, as ``caco_tf.evaluation.linear`` defines them (a test checks
-# they agree); written here so that ``--help`` needs no TensorFlow.
-AUGMENTATIONS = ("none", "imagenet", "digits")
-L2_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
-L2_FOLDS = 5
+# The linear protocol's choices, from a module without TensorFlow: --help stays quick.
+from caco_tf.evaluation import AUGMENTATIONS, L2_FOLDS, L2_GRID
 
 
 def parse_args(argv):

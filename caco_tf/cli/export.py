@@ -16,8 +16,10 @@ import os
 import sys
 
 from caco_tf import cli
+# Without TensorFlow, so that --help stays quick.
+from caco_tf.data import DEFAULT_CROP_FRACTION
+from caco_tf.serving import FORMATS
 
-FORMATS = ("saved_model", "onnx", "litert")
 SUFFIXES = {"onnx": ".onnx", "litert": ".tflite"}
 
 
@@ -34,9 +36,9 @@ def parse_args(argv):
     parser.add_argument("--serving-version", type=int, default=1,
                         help="saved_model: TF Serving's model version, the folder "
                              "backbone/<N>/ (default 1)")
-    parser.add_argument("--crop-fraction", type=float, default=0.875,
+    parser.add_argument("--crop-fraction", type=float, default=DEFAULT_CROP_FRACTION,
                         help="saved_model's resize: shorter side to image_size / this, then "
-                             "centre crop (default 0.875: 256 → 224)")
+                             f"centre crop (default {DEFAULT_CROP_FRACTION}: 256 → 224)")
     cli.verbose_argument(parser)
     argv = sys.argv[1:] if argv is None else argv
     for before, after in zip(argv, argv[1:]):

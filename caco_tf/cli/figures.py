@@ -1,4 +1,4 @@
-"""The paper's analysis figures for a run (``caco-figures``, ``python -m caco_tf.figures``).
+"""The paper's analysis figures for a run (``caco-figures``, ``python -m caco_tf.cli.figures``).
 
     caco-figures --run RUN_DIR [--out DIR] [--queries 6] [--negatives 6]
                  [--points 1000] [--max-train 20000] [--seed 0]

@@ -26,7 +26,7 @@ def parse_args(argv):
     parser.add_argument("--list-configs", action="store_true",
                         help="print the shipped configurations, one line each, and exit")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key, e.g. --set caco.bank_lr=0.3")
+                        help="override one config key, e.g. --set method.bank_lr=0.3")
     parser.add_argument("--run-dir", help="run folder (default: runs/<config name>)")
     parser.add_argument("--strategy", choices=("auto", "default", "mirrored", "multiworker"),
                         help="tf.distribute strategy (default: the config's distribute.strategy, "

@@ -9,6 +9,11 @@
 
 import importlib
 
+# Evaluation's and serving's centre crop: the shorter side is resized to round(S / this), then
+# cropped to S×S (256 → 224 for ImageNet).  Used by ``images``; defined here, without
+# TensorFlow, for ``caco-export --help``.
+DEFAULT_CROP_FRACTION = 0.875
+
 # Names re-exported from the submodules, each loaded on first use (PEP 562), so importing one
 # submodule (``images`` for serving) does not import the others (``pipeline`` needs keras).
 _EXPORTS = {

@@ -23,7 +23,7 @@ from typing import Tuple
 import numpy as np
 import tensorflow as tf
 
-from caco_tf.data.images import LUMA
+from caco_tf.data.images import LUMA, normalize_pixels
 
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
@@ -108,7 +108,7 @@ class DigitViews:
 
     def normalize(self, images):
         """The evaluation-time transform: the same normalization, nothing random."""
-        return (tf.cast(images, tf.float32) - self.mean) / self.std
+        return normalize_pixels(tf.cast(images, tf.float32), self.mean, self.std)
 
     def __call__(self, images, seed):
         seed1, seed2 = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
@@ -224,13 +224,6 @@ def resized_crop(image, seed, size, scale, ratio, flip=False):
     if flip is not False:  # a boolean tensor: the flip's coin
         crop = tf.cond(flip, lambda: tf.reverse(crop, [1]), lambda: crop)
     return tf.image.resize(crop, [size, size], method="bilinear", antialias=True)
-
-
-def _hue_rotation(turns):
-    """The YIQ hue rotation by ``turns`` of the colour circle as a 3×3 RGB matrix."""
-    angle = 2.0 * math.pi * turns
-    return (_GRAY_MATRIX + tf.cos(angle) * (np.eye(3, dtype=np.float32) - _GRAY_MATRIX)
-            + tf.sin(angle) * _HUE_SINE)
 
 
 def colour_affine(mean_gray, draws, amounts, jitter, grayscale, channels):
@@ -487,7 +480,7 @@ class ImageViews:
     def normalize(self, images):
         """The evaluation-time transform: the same normalization, nothing random."""
         mean, std = tf.constant(self.mean, tf.float32), tf.constant(self.std, tf.float32)
-        return (tf.cast(images, tf.float32) - mean) / std
+        return normalize_pixels(tf.cast(images, tf.float32), mean, std)
 
 
 class AsymmetricViews(ImageViews):
@@ -559,7 +552,7 @@ class WithLayers:
         pixels = view * std + mean
         for layer in self.layers:
             pixels = tf.cast(layer(pixels, training=True), tf.float32)
-        return (tf.clip_by_value(pixels, 0.0, 1.0) - mean) / std
+        return normalize_pixels(tf.clip_by_value(pixels, 0.0, 1.0), mean, std)
 
     def augment_image(self, image, seed):
         return tuple(self._extra(view) for view in self.views.augment_image(image, seed))

@@ -9,19 +9,28 @@ One definition of each step, so that training, evaluation and serving see an ima
   training, evaluation and feature extraction read from files;
 - ``resize_and_center_crop``: the shorter side to round(S / crop_fraction), then an S×S centre
   crop (256 → 224 for ImageNet); images already S×S pass untouched;
-- ``preprocess``: uint8 → [0, 1] → resized and cropped → ``(x - mean) / std``, what the
-  exported signatures run in their graph.
+- ``normalize_pixels``: [0, 1] pixels → ``(x - mean) / std``, the backbone's input: the one
+  normalization of the views, evaluation and the exported models;
+- ``preprocess``: uint8 → [0, 1] → resized and cropped → normalized, what the exported
+  signatures run in their graph.
 """
 
 import tensorflow as tf
 
-DEFAULT_CROP_FRACTION = 0.875
+from caco_tf.data import DEFAULT_CROP_FRACTION
+
 LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as torchvision's and TF's rgb_to_grayscale
 
 
 def to_unit_float(images):
     """uint8 [0, 255] → float32 [0, 1]."""
     return tf.cast(images, tf.float32) / 255.0
+
+
+def normalize_pixels(pixels, mean, std):
+    """``(pixels - mean) / std``: a subtraction, then a division, in the operands' own types
+    (tensors and Python floats in a graph, NumPy arrays outside one)."""
+    return (pixels - mean) / std
 
 
 def resize_and_center_crop(images, image_size, crop_fraction=DEFAULT_CROP_FRACTION):
@@ -54,7 +63,7 @@ def resize_and_center_crop(images, image_size, crop_fraction=DEFAULT_CROP_FRACTI
 def preprocess(images, image_size, mean, std, crop_fraction=DEFAULT_CROP_FRACTION):
     """uint8 [B, H, W, C] → the normalized float [B, S, S, C] the backbone was trained on."""
     images = resize_and_center_crop(to_unit_float(images), image_size, crop_fraction)
-    return (images - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+    return normalize_pixels(images, tf.constant(mean, tf.float32), tf.constant(std, tf.float32))
 
 
 def convert_channels(images, channels):

@@ -5,4 +5,14 @@
 - ``linear``: the linear protocol (a frozen backbone and one Dense layer, ``fit``);
 - ``protocols``: kNN and linear on a run folder, on its data or the user's (``caco-evaluate``);
 - ``figures``: the paper's analysis figures from a run folder (``caco-figures``).
+
+The linear protocol's choices are defined here, where ``caco-evaluate --help`` reads them
+without importing TensorFlow.
 """
+
+# The linear protocol's training augmentations (``linear.linear_evaluation``'s ``augment``).
+AUGMENTATIONS = ("none", "imagenet", "digits")
+# λ candidates (decades, as scikit-learn's LogisticRegressionCV spaces C) and folds of the
+# cross-validation that picks one.  0 keeps the unregularized classifier in the running.
+L2_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
+L2_FOLDS = 5

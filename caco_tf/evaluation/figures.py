@@ -239,7 +239,7 @@ def make_figures(run_dir, out_dir=None, queries=6, negatives=6, points=1000, max
     monitor = (f"held-out kNN top-1 (k={evaluation_config['knn_monitor_k']}, "
                f"T={evaluation_config['knn_monitor_temperature']:g})")
     paths = [plot_prob_acc(read_history(run_dir), os.path.join(out_dir, "prob_acc.png"),
-                           warmup_epochs=config["caco"]["warmup_epochs"],
+                           warmup_epochs=config["method"]["warmup_epochs"],
                            title=f"{name}: mean max positive probability and kNN accuracy",
                            monitor_label=monitor)]
 
@@ -258,15 +258,17 @@ def make_figures(run_dir, out_dir=None, queries=6, negatives=6, points=1000, max
                            os.path.join(out_dir, "t_sne.png"),
                            title=f"{name}: t-SNE of {len(chosen)} held-out backbone features"))
 
+    if run.model.memory_bank is None or run.model.key_encoder is None:
+        return paths  # a method without a bank (simclr, none) has no MPPs to show
     # Key embeddings (key encoder, inference mode): the space the bank and its MPPs live in.
     train_keys, train_labels = knn.extract_features(run.model.key_encoder, train)
     picked = np.sort(rng.choice(len(features), size=min(queries, len(features)), replace=False))
     query_images = _images_at(held_out, preprocessing, picked)
     query_keys = run.model.key_encoder(
         preprocessing.normalize(query_images), training=False).numpy()
-    bank = run.model.bank.numpy()
+    bank = run.model.memory_bank.rows.numpy()
     examples = query_examples(query_keys, bank, train_keys, min(negatives, len(bank) - 1),
-                              config["caco"]["temperature"], seed)
+                              config["method"]["temperature"], seed)
     shown = np.unique(np.concatenate([examples["positive_surrogate"],
                                       examples["negative_surrogates"].ravel()]))
     shown_images = dict(zip(shown.tolist(), _images_at(train, preprocessing, shown)))

@@ -38,17 +38,12 @@ import tensorflow as tf
 
 from caco_tf import data
 from caco_tf.data import augment as augment_lib
-from caco_tf.data.images import decode_image
-from caco_tf.evaluation import knn
+from caco_tf.data.images import decode_image, normalize_pixels
+from caco_tf.evaluation import AUGMENTATIONS, L2_FOLDS, L2_GRID, knn
 
-AUGMENTATIONS = ("none", "imagenet", "digits")
 # The digits' training views: milder than pre-training's (crop area 0.3-1, rotation 15°), as
 # the ImageNet recipe drops the pre-training's colour ops and keeps crop and flip.
 DIGIT_AFFINE = dict(scale=(0.6, 1.0), rotation=10.0, shear=0.1, translate=0.1)
-# λ candidates (decades, as scikit-learn's LogisticRegressionCV spaces C) and folds of the
-# cross-validation that picks one.  0 keeps the unregularized classifier in the running.
-L2_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
-L2_FOLDS = 5
 
 
 class Preprocessing:
@@ -60,8 +55,8 @@ class Preprocessing:
 
     def normalize(self, images):
         """float images in [0, 1] → the backbone's input."""
-        return ((tf.cast(images, tf.float32) - tf.constant(self.mean, tf.float32))
-                / tf.constant(self.std, tf.float32))
+        return normalize_pixels(tf.cast(images, tf.float32), tf.constant(self.mean, tf.float32),
+                                tf.constant(self.std, tf.float32))
 
     def train(self, image, seed, augment="imagenet"):
         """The training transform of one uint8 image (``augment``: imagenet or digits)."""

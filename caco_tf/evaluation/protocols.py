@@ -1,8 +1,8 @@
 """The evaluation protocols on a run's frozen backbone: weighted kNN and the linear protocol,
 on the run's own data or on the user's labelled sources (transfer).
 
-``evaluate(...)`` is what ``caco-evaluate`` (``python -m caco_tf.evaluate``) runs: the run's
-training images against its held-out split (from its ``config.yaml``), or any labelled
+``evaluate(...)`` is what ``caco-evaluate`` (``python -m caco_tf.cli.evaluate``) runs: the
+run's training images against its held-out split (from its ``config.yaml``), or any labelled
 ``caco_tf.data`` source with a held-out split: ``mnist`` / ``mnist_validation`` (the offline
 splits) or ``tfds:NAME[:SPLIT]``, any TFDS classification data set by name (training split
 ``train`` unless named, tested on ``test``, else ``validation``), its images converted to the

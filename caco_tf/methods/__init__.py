@@ -1,6 +1,6 @@
-"""The methods, one file each, over a shared base (``base.MomentumEncoderMethod``).
+"""The methods, one file each, over a shared base (``base.ContrastiveMethod``).
 
-``caco.method`` picks the class (``METHODS``); everything else (encoders, optimizer and
+``method.name`` picks the class (``METHODS``); everything else (encoders, optimizer and
 schedules, views, bank size, τ, key-encoder EMA, warm-up) is the run's configuration, so the
 paper's ablation rows (Table positive_nega) and the two baselines differ only in where a
 query's positive and negatives come from.  For the query z¹ of view 1 (view 2 is symmetric; k
@@ -19,16 +19,20 @@ simclr    z² (the other view's query)       the other 2N-2 queries        unuse
 
 Files: ``caco.py``, ``in_batch.py`` (none), ``nn_positive.py`` (positive),
 ``adversarial_negatives.py`` (negative), ``moco_v2.py``, ``simclr.py``; ``base.py`` holds what
-they share.
+they share (the step's template), ``memory_bank.py`` the bank (``MemoryBank``) and
+``momentum_encoder.py`` the encoders (``MomentumEncoder``, the key encoder), which a method
+holds only if it uses them.
 
 Methods with a bank keep the MoCo-style warm-up pass that fills it FIFO
-(``MomentumEncoderMethod.warmup_step``); methods without one skip it and train with their own
+(``ContrastiveMethod.warmup_step``); methods without one skip it and train with their own
 loss from the first step.  Every loss is the sum of the two views' batch means, as CaCo's, so
 one learning rate means the same for all.
 """
 
 from caco_tf.methods.adversarial_negatives import AdversarialNegatives
-from caco_tf.methods.base import MomentumEncoderMethod, build_encoder
+from caco_tf.methods.base import ContrastiveMethod
+from caco_tf.methods.memory_bank import MemoryBank
+from caco_tf.methods.momentum_encoder import MomentumEncoder, build_encoder
 from caco_tf.methods.caco import CaCo
 from caco_tf.methods.in_batch import InBatch
 from caco_tf.methods.moco_v2 import MoCoV2
@@ -43,12 +47,12 @@ assert tuple(METHODS) == METHOD_NAMES  # the config validates names without Tens
 
 
 def model_class(method):
-    """The model class ``caco.method`` names (arguments: ``MomentumEncoderMethod``'s)."""
+    """The model class ``method.name`` names (arguments: ``ContrastiveMethod``'s)."""
     if method not in METHODS:
-        raise ConfigError(f"caco.method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise ConfigError(f"method.name must be one of {', '.join(METHODS)}, got {method!r}")
     return METHODS[method]
 
 
-__all__ = ["METHODS", "AdversarialNegatives", "CaCo", "InBatch", "MoCoV2",
-           "MomentumEncoderMethod", "NearestNeighbourPositive", "SimCLR", "build_encoder",
-           "model_class"]
+__all__ = ["METHODS", "AdversarialNegatives", "CaCo", "ContrastiveMethod", "InBatch",
+           "MemoryBank", "MoCoV2", "MomentumEncoder", "NearestNeighbourPositive", "SimCLR",
+           "build_encoder", "model_class"]

@@ -1,55 +1,52 @@
-"""What every method shares: the query and key encoders, the key encoder's EMA, the bank (or
-queue) variables and the warm-up pass that fills them, the metric trackers, the online probe and
-the Keras plumbing.
+"""What every method shares: the query encoder, the two-view step as a template, the metric
+trackers, the online probe and the Keras plumbing; and, for the methods that use them, a key
+encoder (``MomentumEncoder``), a bank (``MemoryBank``) and the warm-up pass that fills it.
 
-A method is a ``keras.Model`` whose ``train_step`` is its algorithm.  Methods that differ only in
-where a query's positive and negatives come from give two hooks and inherit the two-view
-``train_step`` below:
+A method is a ``keras.Model`` whose ``train_step`` is its algorithm, read top to bottom:
+
+1. keys of both views from the key encoder (methods with keys), and queries from the query
+   encoder, stacked [z¹; z²] against keys [k²; k¹]: each view is contrasted with the other;
+2. ``contrast``: from the pre-step state, the loss, its gradient with respect to the queries
+   and the bank's step, if the method has one;
+3. the query encoder descends the loss;
+4. the key encoder follows the query encoder (EMA).
+
+A method gives step 2.  Most give it as two hooks, and the base differentiates the first:
 
 - ``contrastive_loss(query1, query2, key1, key2, bank)``: the symmetric loss (the sum of the
   two views' batch means) from the queries, the keys (None without a key encoder) and the
-  pre-step bank;
-- ``update_bank(...)``: the bank's step after the encoder's (a FIFO write, a gradient step, or
+  pre-step bank (None without one);
+- ``update_bank(...)``: the bank's step after the loss (a FIFO write, a gradient step, or
   nothing).
 
-``CaCo`` overrides ``train_step`` instead: its bank pass computes the loss, the loss's gradient
-and the bank's update together, tile by tile (``caco_tf.bank``).
+``CaCo`` gives ``contrast`` itself: its tiled bank pass computes the loss, its gradient with
+respect to the queries and the bank's update together (``caco_tf.bank``).
 
 Before the method's own steps, methods with a bank run a MoCo-style warm-up pass
 (``warmup_steps``) that trains the encoder against the bank while filling it FIFO with real key
 embeddings, as the CaCo reference does; the key encoder is then re-synced to the query encoder.
 """
 
+import collections
 import math
 import time
 
 import keras
 import tensorflow as tf
 
-from caco_tf import bank as bank_lib
 from caco_tf import health, losses
 from caco_tf.errors import DataError
+from caco_tf.methods.memory_bank import MemoryBank
+from caco_tf.methods.momentum_encoder import MomentumEncoder, build_encoder
 from caco_tf.training import distribute
 
-
-def build_encoder(backbone, projector, name):
-    """backbone → projector → L2 normalization: the query/key encoder φ_θ of the paper."""
-    inputs = keras.Input(backbone.input_shape[1:])
-    # float32 whatever the policy: the embedding feeds the bank's logits, softmax and loss.
-    embedding = keras.layers.UnitNormalization(name="l2_normalize", dtype="float32")(
-        projector(backbone(inputs)))
-    return keras.Model(inputs, embedding, name=name)
-
-
-def _as_schedule(value):
-    """Accept a float or a LearningRateSchedule; return a callable of the step."""
-    if isinstance(value, keras.optimizers.schedules.LearningRateSchedule):
-        return value
-    return lambda step: tf.constant(value, tf.float32)
+# What step 2 gives: the loss, d loss / d queries (None in evaluation), the bank's learning rate
+# this step (0: no bank step) and the method's diagnostics (CaCo: ``bank.BankStatistics``).
+Contrast = collections.namedtuple("Contrast", "loss query_gradient bank_lr diagnostics")
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
-class MomentumEncoderMethod(keras.Model):
+class ContrastiveMethod(keras.Model):
     """The shared base of the methods (``caco_tf.methods``); see the module docstring.
 
     Args:
@@ -65,7 +62,8 @@ class MomentumEncoderMethod(keras.Model):
         bank keeps its random initialization; always 0 for methods without a bank).
       warmup_temperature: τ of the warm-up loss.
       warmup_every_method: methods without a bank (none, SimCLR) run the same warm-up pass too,
-        so that every method starts its own loss from the same state (the fair ablation).
+        so that every method starts its own loss from the same state (the fair ablation); they
+        then hold a bank and a key encoder for it.
       resync_after_warmup: copy the query encoder into the key encoder when the warm-up ends,
         as the CaCo reference does.
       online_probe_classes: if set, an online linear probe (evaluation only): a Dense head with
@@ -77,15 +75,19 @@ class MomentumEncoderMethod(keras.Model):
       run_settings: the run configuration the model was built from (``build_model``), kept in
         the ``.keras`` file so that evaluation and export can rebuild the run around it.
 
+    Every method takes the same arguments (a run's configuration builds any of them) and holds
+    only the parts it uses: ``key_encoder`` and ``memory_bank`` are None for a method without
+    keys or bank.
+
     A Keras citizen: ``get_config``/``from_config`` (so ``model.save("x.keras")`` and
     ``keras.models.load_model`` round-trip the encoders, bank, bank momentum, FIFO pointer,
     optimizer state and step), ``export`` (the serving SavedModel with its preprocessing, or
     ONNX / LiteRT), and a ``summary`` that names the parts and the bank's size.
     """
 
-    method = None             # the name ``caco.method`` gives it
-    uses_bank = True          # False: no warm-up pass (nothing to fill), the bank is left alone
-    uses_key_encoder = True   # False: no keys, no EMA update (SimCLR)
+    method = None             # the name ``method.name`` gives it
+    uses_bank = True          # False: no bank, no warm-up pass (nothing to fill)
+    uses_key_encoder = True   # False: no keys, no EMA (SimCLR)
     learns_bank = False       # True: the bank takes gradient steps (``bank_lr`` is reported)
     supports_multi_crop = False
 
@@ -96,7 +98,7 @@ class MomentumEncoderMethod(keras.Model):
                  warmup_every_method=False, preprocessing=None, run_settings=None, name=None,
                  **kwargs):
         if multi_crop and not self.supports_multi_crop:
-            raise ValueError(f"caco.method {self.method!r} takes two views, not multi-crop")
+            raise ValueError(f"method {self.method!r} takes two views, not multi-crop")
         super().__init__(name=name or self.method, **kwargs)
         # The arguments as given, for get_config (schedules and all).
         self._arguments = dict(
@@ -109,36 +111,24 @@ class MomentumEncoderMethod(keras.Model):
             run_settings=run_settings)
         self.preprocessing = dict(preprocessing) if preprocessing else None
         self.run_settings = run_settings
-        self.backbone = backbone
-        self.query_encoder = build_encoder(backbone, projector, "query_encoder")
-        # A structural copy; its parameters start equal to the query encoder's, its BatchNorm
-        # statistics are its own (it runs in training mode, as in the reference).
-        self.key_encoder = build_encoder(keras.models.clone_model(backbone),
-                                         keras.models.clone_model(projector), "key_encoder")
-        self.key_encoder.set_weights(self.query_encoder.get_weights())
-        dim = self.query_encoder.output_shape[-1]
-
         self.temperature = temperature
         self.bank_temperature = bank_temperature
-        self.bank_learning_rate = _as_schedule(bank_learning_rate)
-        self.bank_momentum = bank_momentum
-        self.key_momentum = _as_schedule(key_momentum)
         self.warmup_steps = int(warmup_steps) if self.uses_bank or warmup_every_method else 0
         self.warmup_every_method = bool(warmup_every_method)
         self.warmup_temperature = warmup_temperature
         self.resync_after_warmup = resync_after_warmup
         self.multi_crop = bool(multi_crop)
 
-        # The bank and its state are assigned by the step itself, never by an optimizer.
-        state = dict(trainable=False, aggregation="only_first_replica")
-        self.bank = self.add_weight(
-            shape=(bank_size, dim), initializer=keras.initializers.RandomNormal(seed=0),
-            name="bank", **state)
-        self.bank_velocity = self.add_weight(
-            shape=(bank_size, dim), initializer="zeros", name="bank_velocity", **state)
-        self.bank_pointer = self.add_weight(
-            shape=(), dtype="int32", initializer="zeros", name="bank_pointer", **state)
-        self.bank_tile_rows = bank_lib.tile_rows(bank_size)
+        self.backbone = backbone
+        self.query_encoder = build_encoder(backbone, projector, "query_encoder")
+        self.key_encoder = None
+        if self.uses_key_encoder or self.warmup_steps:
+            self.key_encoder = MomentumEncoder.following(self.query_encoder, backbone, projector,
+                                                         key_momentum)
+        self.memory_bank = None
+        if self.uses_bank or self.warmup_steps:
+            self.memory_bank = MemoryBank(bank_size, self.query_encoder.output_shape[-1],
+                                          bank_learning_rate, bank_momentum)
 
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self._create_method_trackers()
@@ -235,17 +225,19 @@ class MomentumEncoderMethod(keras.Model):
                  count(self.backbone.non_trainable_weights)),
                 ("projector", f"features → embedding [{self.query_encoder.output_shape[-1]}], "
                  "L2-normalized", count(self.projector.trainable_weights),
-                 count(self.projector.non_trainable_weights)),
-                ("key encoder", "EMA copy of backbone + projector (not trained)", 0,
-                 count(self.key_encoder.weights)),
-                ("bank", f"K × D = {self.bank.shape[0]:,} × {self.bank.shape[1]} rows, "
-                 f"momentum, FIFO pointer", 0,
-                 count([self.bank, self.bank_velocity, self.bank_pointer]))]
+                 count(self.projector.non_trainable_weights))]
+        if self.key_encoder is not None:
+            rows.append(("key encoder", "EMA copy of backbone + projector (not trained)", 0,
+                         count(self.key_encoder.weights)))
+        if self.memory_bank is not None:
+            rows.append(("bank", f"K × D = {self.memory_bank.size:,} × "
+                         f"{self.memory_bank.rows.shape[1]} rows, momentum, FIFO pointer", 0,
+                         count(self.memory_bank.weights)))
         if self.online_probe is not None:
             rows.append(("online probe", f"features → {self.online_probe.output_shape[-1]} "
                          "classes (evaluation only)", count(self.online_probe.trainable_weights),
                          count(self.online_probe.non_trainable_weights)))
-        print_fn(f'Model "{self.name}" ({type(self).__name__}, caco.method {self.method})')
+        print_fn(f'Model "{self.name}" ({type(self).__name__}, method.name {self.method})')
         print_fn(f"{'part':<14}{'what':<64}{'trainable':>12}{'not trained':>13}")
         for part, what, trainable, fixed in rows:
             print_fn(f"{part:<14}{what:<64}{trainable:>12,}{fixed:>13,}")
@@ -274,10 +266,20 @@ class MomentumEncoderMethod(keras.Model):
         ``compile`` is overridden."""
         self.compile(**keras.saving.deserialize_keras_object(config))
 
+    def load_own_variables(self, store):
+        """The model has no variables of its own.  Files of caco_tf 0.2 kept the bank's three
+        there: they go to ``memory_bank``, which loads them next (or are left aside)."""
+        if len(store.keys()) == 3:
+            if self.memory_bank is not None:
+                self.memory_bank._rows_saved_by_owner = [store[str(i)] for i in range(3)]
+            return
+        super().load_own_variables(store)
+
+    # Keras' fit builds a model symbolically on a data batch before the first step.  Every
+    # variable here exists from __init__/compile, so there is nothing to build; and the build
+    # reduces a batch eagerly, which fails under MultiWorkerMirroredStrategy
+    # (keras-team/keras#20585): tests/test_distributed.py's multi-worker runs fail without this.
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Every variable exists from __init__/compile, so Keras' symbolic build has nothing to
-        # do; skipping it also avoids its eager reduce of a data batch, which fails under
-        # MultiWorkerMirroredStrategy (keras-team/keras#20585).
         return
 
     def call(self, images, training=False):
@@ -315,7 +317,7 @@ class MomentumEncoderMethod(keras.Model):
                 if step < self.warmup_steps:
                     return warmup_function
                 if step == self.warmup_steps and self.resync_after_warmup:
-                    self.sync_key_encoder()
+                    self.key_encoder.sync(self.query_encoder)
                 self._bank_ready = True
             return method_function
 
@@ -337,53 +339,49 @@ class MomentumEncoderMethod(keras.Model):
             kwargs.setdefault("shuffle", False)
         return super().fit(x, *args, **kwargs)
 
-    def sync_key_encoder(self):
-        """Copy the query encoder's parameters into the key encoder (after the warm-up)."""
-        for key, query in zip(self.key_encoder.trainable_variables,
-                              self.query_encoder.trainable_variables):
-            key.assign(query)
-
-    # ------------------------------------------------------------------ what methods give
-    def contrastive_loss(self, query1, query2, key1, key2, bank):
-        """The symmetric loss from the queries, the keys (None without a key encoder) and the
-        pre-step bank; it must not change any state (``test_step`` uses it too)."""
-        raise NotImplementedError
-
-    def update_bank(self, query1, query2, key1, key2, bank, step):
-        """The bank's step after the encoder's; returns the bank learning rate used (0: none)."""
-        return tf.constant(0.0)
-
     # ------------------------------------------------------------------ the steps
     def train_step(self, data):
-        """One two-view step: keys, the encoder's step down ``contrastive_loss``, the bank's
-        ``update_bank``, the key encoder's EMA."""
+        """One two-view step (module docstring): keys and queries; the loss, its gradient and
+        the bank's step from the pre-step state (``contrast``); the encoder's descent; the key
+        encoder's EMA."""
         view1, view2 = _views(data)
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()  # this step's, before the update
-        key1, key2 = self._method_keys(view1, view2, training=True)
-        bank = tf.convert_to_tensor(self.bank)
-        loss, query1, query2 = self._encoder_step(
-            view1, view2, lambda query1, query2: self.contrastive_loss(
-                query1, query2, key1, key2, bank))
-        bank_lr = self.update_bank(query1, query2, key1, key2, bank, step)
-        if self.uses_key_encoder:
-            self._update_key_encoder(step)
-        self._track_step(loss, learning_rate, bank_lr)
-        self._track_views(query1, query2)
+
+        # 1. Keys and queries.  Each view's query is contrasted with the other view's key:
+        #    queries are stacked [z¹; z²] against keys [k²; k¹] from here on.
+        keys = self._keys(view1, view2, training=True)
+        with tf.GradientTape() as tape:
+            queries = tf.concat([self.query_encoder(view1, training=True),
+                                 self.query_encoder(view2, training=True)], 0)
+
+        # 2. From the pre-step state: the loss, its gradient with respect to the queries, and
+        #    the bank's step.
+        contrast = self.contrast(queries, keys, step)
+
+        # 3. The encoder descends the loss.
+        self._descend(tape, queries, contrast.query_gradient)
+
+        # 4. The key encoder follows the query encoder.
+        if self.key_encoder is not None:
+            self.key_encoder.follow(self.query_encoder, step)
+
+        self._track(contrast, learning_rate)
+        self._track_views(*tf.split(queries, 2))
         self._probe_step(data, view1)
         return self._logs()
 
     def test_step(self, data):
-        """The method's loss without any update (encoders in inference mode)."""
+        """The method's loss and diagnostics without any update (encoders in inference mode)."""
         view1, view2 = _views(data)
-        key1, key2 = self._method_keys(view1, view2, training=False)
-        query1 = self.query_encoder(view1, training=False)
-        query2 = self.query_encoder(view2, training=False)
-        loss = self.contrastive_loss(query1, query2, key1, key2, tf.convert_to_tensor(self.bank))
-        bank_lr = (self.bank_learning_rate(self.optimizer.iterations) if self.learns_bank
+        keys = self._keys(view1, view2, training=False)
+        queries = tf.concat([self.query_encoder(view1, training=False),
+                             self.query_encoder(view2, training=False)], 0)
+        loss, diagnostics = self.evaluation_loss(queries, keys)
+        bank_lr = (self.memory_bank.learning_rate(self.optimizer.iterations) if self.learns_bank
                    else tf.constant(0.0))
-        self._track_step(loss, self._encoder_learning_rate(), bank_lr)
-        self._track_views(query1, query2)
+        self._track(Contrast(loss, None, bank_lr, diagnostics), self._encoder_learning_rate())
+        self._track_views(*tf.split(queries, 2))
         self._probe_step(data, view1, learn=False)
         return self._logs()
 
@@ -392,33 +390,60 @@ class MomentumEncoderMethod(keras.Model):
         view1, view2 = _views(data)
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()
-        key1, key2 = self._keys(view1, view2, training=True)
-        bank = tf.convert_to_tensor(self.bank)
+        key1, key2 = (self.key_encoder(view1, training=True),
+                      self.key_encoder(view2, training=True))
+        bank = self.memory_bank.read()
         bank_unit = losses.l2_normalize(bank)
-        loss, query1, query2 = self._encoder_step(
-            view1, view2, lambda query1, query2: (
-                tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit,
-                                                self.warmup_temperature))
-                + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit,
-                                                  self.warmup_temperature))))
+        with tf.GradientTape() as tape:
+            query1 = self.query_encoder(view1, training=True)
+            query2 = self.query_encoder(view2, training=True)
+            loss = (tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit,
+                                                    self.warmup_temperature))
+                    + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit,
+                                                      self.warmup_temperature)))
+        self._descend(tape, loss)
         # The method's diagnostics, against the bank this step read.
         diagnostics = self._warmup_diagnostics(query1, query2, key1, key2, bank)
-        # One key per image, gathered from all replicas in replica order.
-        new_bank, new_pointer = bank_lib.enqueue(
-            bank, distribute.all_gather(key1), tf.convert_to_tensor(self.bank_pointer))
-        distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
-        self._update_key_encoder(step)
-        self._track_warmup(loss, diagnostics, learning_rate)
+        self.memory_bank.enqueue(key1, bank)  # one key per image
+        self.key_encoder.follow(self.query_encoder, step)
+        self._track(Contrast(loss, None, tf.constant(0.0), diagnostics), learning_rate)
         self._track_views(query1, query2)
         self._probe_step(data, view1)
         return self._logs()
 
+    # ------------------------------------------------------------------ what methods give
+    def contrast(self, queries, keys, step):
+        """Step 2 from the two hooks: ``contrastive_loss`` and its gradient with respect to the
+        queries, then ``update_bank``.  Returns a ``Contrast``."""
+        bank = self.memory_bank.read() if self.memory_bank is not None else None
+        with tf.GradientTape() as tape:
+            tape.watch(queries)
+            query1, query2 = tf.split(queries, 2)
+            key2, key1 = tf.split(keys, 2) if keys is not None else (None, None)
+            loss = self.contrastive_loss(query1, query2, key1, key2, bank)
+        query_gradient = tape.gradient(loss, queries)
+        bank_lr = self.update_bank(query1, query2, key1, key2, bank, step)
+        return Contrast(loss, query_gradient, bank_lr, None)
+
+    def evaluation_loss(self, queries, keys):
+        """(The loss, the method's diagnostics) without any update."""
+        query1, query2 = tf.split(queries, 2)
+        key2, key1 = tf.split(keys, 2) if keys is not None else (None, None)
+        bank = self.memory_bank.read() if self.memory_bank is not None else None
+        return self.contrastive_loss(query1, query2, key1, key2, bank), None
+
+    def contrastive_loss(self, query1, query2, key1, key2, bank):
+        """The symmetric loss from the queries, the keys (None without a key encoder) and the
+        pre-step bank (None without one); it must not change any state."""
+        raise NotImplementedError
+
+    def update_bank(self, query1, query2, key1, key2, bank, step):
+        """The bank's step after the encoder's; returns the bank learning rate used (0: none)."""
+        return tf.constant(0.0)
+
     def _warmup_diagnostics(self, query1, query2, key1, key2, bank):
         """What the warm-up reports besides its loss (CaCo: the MPP statistics); None here."""
         return None
-
-    def _track_warmup(self, loss, diagnostics, learning_rate):
-        self._track_step(loss, learning_rate, tf.constant(0.0))
 
     # ------------------------------------------------------------------ pieces of a step
     def _logs(self):
@@ -429,45 +454,19 @@ class MomentumEncoderMethod(keras.Model):
         return distribute.reducible(logs)
 
     def _keys(self, view1, view2, training):
-        return (self.key_encoder(view1, training=training),
-                self.key_encoder(view2, training=training))
-
-    def _method_keys(self, view1, view2, training):
-        if not self.uses_key_encoder:
-            return None, None
-        return self._keys(view1, view2, training=training)
-
-    def _bank_step(self, bank, gradient, step, local_batch):
-        """Average the bank's gradient over the global batch, take the SGD-momentum step on the
-        pre-step bank and assign it on every replica.  Returns this step's bank lr."""
-        gradient = distribute.global_mean(gradient, local_batch)
-        bank_lr = self.bank_learning_rate(step)
-        new_bank, new_velocity = bank_lib.momentum_step(
-            bank, tf.convert_to_tensor(self.bank_velocity), gradient, bank_lr, self.bank_momentum)
-        distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
-        return bank_lr
-
-    def _enqueue_keys(self, key1, bank):
-        """FIFO write of one key per image of the global batch, as the warm-up pass does."""
-        new_bank, new_pointer = bank_lib.enqueue(
-            bank, distribute.all_gather(key1), tf.convert_to_tensor(self.bank_pointer))
-        distribute.assign_in_sync([self.bank, self.bank_pointer], [new_bank, new_pointer])
-
-    def _encoder_step(self, view1, view2, loss_of_queries):
-        """Queries of both views, the loss they give, one optimizer step on the query encoder."""
-        with tf.GradientTape() as tape:
-            query1 = self.query_encoder(view1, training=True)
-            query2 = self.query_encoder(view2, training=True)
-            loss = loss_of_queries(query1, query2)
-        self._descend(tape, loss)
-        return loss, query1, query2
+        """The key encoder's keys stacked [k²; k¹] (None without a key encoder)."""
+        if self.key_encoder is None:
+            return None
+        key1 = self.key_encoder(view1, training=training)
+        key2 = self.key_encoder(view2, training=training)
+        return tf.concat([key2, key1], 0)
 
     def _descend(self, tape, outputs, output_gradient=1.0):
         """One optimizer step of the query encoder down a loss.
 
         ``outputs`` were recorded on ``tape`` and the loss's gradient with respect to them is
-        ``output_gradient``: the loss itself and 1, or the queries and the gradient that a bank
-        pass computed.
+        ``output_gradient``: the loss itself and 1, or the queries and the gradient that
+        ``contrast`` computed.
         """
         # Keras sums gradients over replicas: each replica contributes its share of the mean.
         scale = 1.0 / distribute.num_replicas()
@@ -478,18 +477,17 @@ class MomentumEncoderMethod(keras.Model):
             outputs, variables, output_gradients=tf.cast(output_gradient, tf.float32) * scale),
             variables)
 
-    def _update_key_encoder(self, step):
-        momentum = self.key_momentum(step)
-        keys = self.key_encoder.trainable_variables
-        queries = self.query_encoder.trainable_variables
-        distribute.assign_in_sync(
-            keys, [momentum * k + (1.0 - momentum) * q for k, q in zip(keys, queries)])
-
-    def _track_step(self, loss, learning_rate, bank_lr):
-        self.loss_tracker.update_state(loss)
+    def _track(self, contrast, learning_rate):
+        """The step's loss, learning rates and diagnostics (``_track_diagnostics``)."""
+        self.loss_tracker.update_state(contrast.loss)
+        self._track_diagnostics(contrast.diagnostics)
         self.lr_tracker.update_state(learning_rate)
-        self.bank_lr_tracker.update_state(bank_lr)
-        self.bank_norm.update_state(tf.reduce_mean(tf.norm(self.bank, axis=-1)))
+        self.bank_lr_tracker.update_state(contrast.bank_lr)
+
+    def _track_diagnostics(self, diagnostics):
+        """The method's diagnostics; here the bank's mean row norm after the step."""
+        if self.memory_bank is not None:
+            self.bank_norm.update_state(self.memory_bank.mean_row_norm())
 
     def _track_views(self, query1, query2):
         """Alignment of the two views' query embeddings, and their uniformity (each view's

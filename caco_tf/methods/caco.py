@@ -14,8 +14,8 @@ One step, for a batch of images seen as two augmented views x1, x2:
 Before the CaCo phase a warm-up pass (``warmup_steps``, one epoch in the configs) trains the
 encoder with a MoCo-style loss against the bank while filling the bank FIFO with real key
 embeddings, as the reference does; the key encoder is then re-synced to the query encoder
-(``MomentumEncoderMethod``, which also holds the encoders, the bank variables and the Keras
-plumbing).
+(``ContrastiveMethod``, which holds the template of the step, the encoders, the bank and the
+Keras plumbing).
 """
 
 import keras
@@ -23,15 +23,14 @@ import tensorflow as tf
 
 from caco_tf import bank as bank_lib
 from caco_tf import health, losses
-from caco_tf.methods.base import MomentumEncoderMethod, _crops, _views
-from caco_tf.training import distribute
+from caco_tf.methods.base import Contrast, ContrastiveMethod, _crops
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
-class CaCo(MomentumEncoderMethod):
+class CaCo(ContrastiveMethod):
     """Cooperative-adversarial contrastive learning (Wang et al., CaCo).
 
-    Arguments: ``MomentumEncoderMethod``'s.  ``bank_size`` is K (positives and negatives share
+    Arguments: ``ContrastiveMethod``'s.  ``bank_size`` is K (positives and negatives share
     the bank); with ``multi_crop`` the batches hold two global crops then local crops
     (``caco_tf.data.augment.MultiCropViews``) and ``train_step`` is ``multicrop_train_step``;
     the backbone must then accept every crop size (input shape (None, None, C)).
@@ -45,7 +44,7 @@ class CaCo(MomentumEncoderMethod):
         self.contrast_top1 = keras.metrics.Mean(name="contrast_top1")
         self.positive_probability = keras.metrics.Mean(name="mpp_prob")
         self.distinct_positives = keras.metrics.Mean(name="distinct_mpp")
-        self.positive_histogram = PositiveHistogram(self.bank.shape[0], name="mpp_histogram")
+        self.positive_histogram = PositiveHistogram(self.memory_bank.size, name="mpp_histogram")
 
     def method_metrics(self):
         return [self.contrast_top1, self.positive_probability, self.distinct_positives,
@@ -53,37 +52,36 @@ class CaCo(MomentumEncoderMethod):
 
     # ------------------------------------------------------------------ the algorithm
     def train_step(self, data):
-        """One step of the paper's algorithm (module docstring): keys and queries; from the
-        pre-step bank the MPPs, the loss, its gradient and the bank's cooperative-adversarial
-        step; the encoder's descent; the key encoder's EMA."""
+        """The paper's step (``ContrastiveMethod.train_step``, with step 2 ``contrast``), or
+        ``multicrop_train_step`` for multi-crop batches."""
         if self.multi_crop:
             return self.multicrop_train_step(data)
-        view1, view2 = _views(data)
-        step = self.optimizer.iterations
-        learning_rate = self._encoder_learning_rate()  # this step's, before the update
+        return super().train_step(data)
 
-        # 1. Keys and queries.  Each view's query is trained towards the MPP of the other
-        #    view's key: queries are stacked [z¹; z²] against keys [k²; k¹] from here on.
-        key1, key2 = self._keys(view1, view2, training=True)
-        with tf.GradientTape() as tape:
-            queries = tf.concat([self.query_encoder(view1, training=True),
-                                 self.query_encoder(view2, training=True)], 0)
+    def contrast(self, queries, keys, step):
+        """Step 2, everything that touches the K×D bank, in two passes over its tiles.
 
-        # 2. From the pre-step bank: the MPPs, the loss and its gradient with respect to the
-        #    queries; the bank takes its cooperative-adversarial step.
-        loss, query_gradient, statistics, bank_lr = self._caco_bank_pass(
-            queries, tf.concat([key2, key1], 0), step)
+        From the pre-step bank: the MPPs j+ of ``keys`` [k²; k¹] (eq. max_prob), the symmetric
+        loss of ``queries`` [z¹; z²] (eq. caco) and its gradient with respect to them, and the
+        bank's cooperative-adversarial momentum step (eq. real_update), assigned on every
+        replica.
+        """
+        bank = self.memory_bank.read()
+        statistics = self.memory_bank.statistics(queries, keys, bank, self.temperature,
+                                                 self.bank_temperature)
+        loss, positive_unit = self._caco_loss(queries, bank, statistics)
+        expected_unit, bank_lr = self.memory_bank.cooperative_adversarial_step(
+            queries, statistics, bank, self.temperature, self.bank_temperature, step)
+        # d loss / d z_n = (2 / N) (Σ_j p_nj b̂_j - b̂_{j+}) / τ.
+        count = tf.cast(tf.shape(queries)[0], tf.float32)
+        query_gradient = (expected_unit - positive_unit) * (2.0 / (count * self.temperature))
+        return Contrast(loss, query_gradient, bank_lr, statistics)
 
-        # 3. The encoder descends the loss.
-        self._descend(tape, queries, query_gradient)
-
-        # 4. The key encoder follows the query encoder.
-        self._update_key_encoder(step)
-
-        self._track(loss, statistics, learning_rate, bank_lr)
-        self._track_views(*tf.split(queries, 2))
-        self._probe_step(data, view1)
-        return self._logs()
+    def evaluation_loss(self, queries, keys):
+        bank = self.memory_bank.read()
+        statistics = self.memory_bank.statistics(queries, keys, bank, self.temperature,
+                                                 self.bank_temperature)
+        return self._caco_loss(queries, bank, statistics)[0], statistics
 
     def multicrop_train_step(self, data):
         """The CaCo step over multi-crop batches (SwAV's protocol, as the reference does it).
@@ -102,8 +100,8 @@ class CaCo(MomentumEncoderMethod):
         step = self.optimizer.iterations
         learning_rate = self._encoder_learning_rate()
 
-        key1, key2 = self._keys(global1, global2, training=True)
-        bank = tf.convert_to_tensor(self.bank)
+        keys = self._keys(global1, global2, training=True)
+        bank = self.memory_bank.read()
         bank_unit = losses.l2_normalize(bank)
 
         with tf.GradientTape() as tape:
@@ -114,8 +112,8 @@ class CaCo(MomentumEncoderMethod):
                  (self.query_encoder(crop, training=True) for crop in local)], 0) if local \
                 else None
             queries = tf.concat([query1, query2], 0)
-            statistics = self._statistics(tf.stop_gradient(queries),
-                                          tf.concat([key2, key1], 0), bank)
+            statistics = self.memory_bank.statistics(
+                tf.stop_gradient(queries), keys, bank, self.temperature, self.bank_temperature)
             positive_index = statistics.positive_index
             # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
             local_positives = tf.tile(positive_index, [len(local)])
@@ -131,42 +129,21 @@ class CaCo(MomentumEncoderMethod):
         if local:
             gradient += 2.0 * bank_lib.cooperative_adversarial_gradient(
                 local_queries, bank, local_positives, self.bank_temperature)
-        bank_lr = self._bank_step(bank, gradient, step, tf.shape(query1)[0])
-        self._update_key_encoder(step)
+        bank_lr = self.memory_bank.momentum_step(bank, gradient, step, tf.shape(query1)[0])
+        self.key_encoder.follow(self.query_encoder, step)
 
-        self._track(loss, statistics, learning_rate, bank_lr)
+        self._track(Contrast(loss, None, bank_lr, statistics), learning_rate)
         self._track_views(query1, query2)
         self._probe_step(data, global1)
         return self._logs()
 
-    def test_step(self, data):
-        """The CaCo loss and diagnostics without any update (encoders in inference mode)."""
-        view1, view2 = _views(data)
-        key1, key2 = self._keys(view1, view2, training=False)
-        queries = tf.concat([self.query_encoder(view1, training=False),
-                             self.query_encoder(view2, training=False)], 0)
-        bank = tf.convert_to_tensor(self.bank)
-        statistics = self._statistics(queries, tf.concat([key2, key1], 0), bank)
-        loss, _ = self._caco_loss(queries, bank, statistics)
-        self._track(loss, statistics, self._encoder_learning_rate(),
-                    self.bank_learning_rate(self.optimizer.iterations))
-        self._track_views(*tf.split(queries, 2))
-        self._probe_step(data, view1, learn=False)
-        return self._logs()
-
     def _warmup_diagnostics(self, query1, query2, key1, key2, bank):
         """The CaCo step's diagnostics during the warm-up, against the bank it read."""
-        return self._statistics(tf.concat([query1, query2], 0), tf.concat([key2, key1], 0), bank)
-
-    def _track_warmup(self, loss, diagnostics, learning_rate):
-        self._track(loss, diagnostics, learning_rate, tf.constant(0.0))
+        return self.memory_bank.statistics(tf.concat([query1, query2], 0),
+                                           tf.concat([key2, key1], 0), bank, self.temperature,
+                                           self.bank_temperature)
 
     # ------------------------------------------------------------------ pieces of a step
-    def _statistics(self, queries, keys, bank):
-        """``bank_lib.bank_statistics`` of queries [z¹; z²] against keys [k²; k¹]."""
-        return bank_lib.bank_statistics(queries, keys, bank, self.temperature,
-                                        self.bank_temperature, self.bank_tile_rows)
-
     def _caco_loss(self, queries, bank, statistics):
         """Eq. (caco), symmetrized, from the bank statistics of queries stacked [z¹; z²].
 
@@ -178,36 +155,8 @@ class CaCo(MomentumEncoderMethod):
                      - tf.reduce_sum(queries * positive_unit, axis=-1) / self.temperature)
         return 2.0 * tf.reduce_mean(per_query), positive_unit
 
-    def _caco_bank_pass(self, queries, keys, step):
-        """Everything of the CaCo step that touches the K×D bank, in two passes over its tiles.
-
-        From the pre-step bank: the MPPs j+ of ``keys`` [k²; k¹], the symmetric loss of
-        ``queries`` [z¹; z²] and its gradient with respect to them, and the bank's
-        cooperative-adversarial momentum step, assigned on every replica.  Returns (loss,
-        d loss / d queries, ``BankStatistics``, this step's bank lr).
-        """
-        bank = tf.convert_to_tensor(self.bank)
-        statistics = self._statistics(queries, keys, bank)
-        loss, positive_unit = self._caco_loss(queries, bank, statistics)
-        settings = (self.temperature, self.bank_temperature)
-        if distribute.num_replicas() > 1:  # the replicas' g are averaged before the momentum
-            expected_unit, gradient = bank_lib.tiled_caco_gradient(
-                queries, statistics, bank, *settings, 2, self.bank_tile_rows)
-            bank_lr = self._bank_step(bank, gradient, step, tf.shape(queries)[0] // 2)
-        else:
-            bank_lr = self.bank_learning_rate(step)
-            expected_unit, new_bank, new_velocity = bank_lib.tiled_caco_update(
-                queries, statistics, bank, tf.convert_to_tensor(self.bank_velocity), *settings,
-                bank_lr, self.bank_momentum, 2, self.bank_tile_rows)
-            distribute.assign_in_sync([self.bank, self.bank_velocity], [new_bank, new_velocity])
-        # d loss / d z_n = (2 / N) (Σ_j p_nj b̂_j - b̂_{j+}) / τ.
-        count = tf.cast(tf.shape(queries)[0], tf.float32)
-        query_gradient = (expected_unit - positive_unit) * (2.0 / (count * self.temperature))
-        return loss, query_gradient, statistics, bank_lr
-
-    def _track(self, loss, statistics, learning_rate, bank_lr):
-        """The step's diagnostics, from the ``BankStatistics`` of its stacked views."""
-        self.loss_tracker.update_state(loss)
+    def _track_diagnostics(self, statistics):
+        """The MPP diagnostics, from the ``BankStatistics`` of the step's stacked views."""
         positive_index = statistics.positive_index
         self.contrast_top1.update_state(tf.reduce_mean(tf.cast(
             tf.equal(statistics.nearest_index, positive_index), tf.float32)))
@@ -215,12 +164,10 @@ class CaCo(MomentumEncoderMethod):
             tf.reduce_mean(statistics.positive_probability))
         # How many bank rows serve as someone's positive (a collapse shows up here first).
         used = tf.math.unsorted_segment_max(
-            tf.ones_like(positive_index), positive_index, tf.shape(self.bank)[0])
+            tf.ones_like(positive_index), positive_index, self.memory_bank.size)
         self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
         self.positive_histogram.update_state(positive_index)
         self.bank_norm.update_state(statistics.mean_norm)
-        self.lr_tracker.update_state(learning_rate)
-        self.bank_lr_tracker.update_state(bank_lr)
 
 
 class PositiveHistogram(keras.metrics.Metric):

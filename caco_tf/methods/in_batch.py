@@ -2,11 +2,11 @@
 
 import keras
 
-from caco_tf.methods.base import MomentumEncoderMethod
+from caco_tf.methods.base import ContrastiveMethod
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
-class InBatch(MomentumEncoderMethod):
+class InBatch(ContrastiveMethod):
     """In-batch InfoNCE with a momentum key encoder: query z¹'s positive is the other view's key
     k² of the same image, its negatives the other images' keys k²_j of the global batch."""
 

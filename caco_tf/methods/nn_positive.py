@@ -4,11 +4,11 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.base import MomentumEncoderMethod
+from caco_tf.methods.base import ContrastiveMethod
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
-class NearestNeighbourPositive(MomentumEncoderMethod):
+class NearestNeighbourPositive(ContrastiveMethod):
     """The positive is the nearest neighbour of the other view's key in a FIFO queue of past
     keys (the bank, never trained); the negatives are the global batch's keys."""
 
@@ -20,7 +20,7 @@ class NearestNeighbourPositive(MomentumEncoderMethod):
                 + self._batch_loss(query2, nearest_neighbour(key1, queue), key1))
 
     def update_bank(self, query1, query2, key1, key2, bank, step):
-        self._enqueue_keys(key1, bank)
+        self.memory_bank.enqueue(key1, bank)
         return tf.constant(0.0)
 
 

@@ -4,15 +4,14 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.base import MomentumEncoderMethod, replica_offset
+from caco_tf.methods.base import ContrastiveMethod, replica_offset
 from caco_tf.training import distribute
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
-class SimCLR(MomentumEncoderMethod):
+class SimCLR(ContrastiveMethod):
     """Anchor z¹'s positive is z², the other view's query; its negatives the other 2N-2 queries
-    of the global batch.  The key encoder and the bank exist (the shared base builds them) but
-    are never used nor updated."""
+    of the global batch.  No key encoder, no bank."""
 
     method = "simclr"
     uses_bank = False

@@ -37,7 +37,9 @@ import os
 
 import tensorflow as tf
 
-from caco_tf.data.images import DEFAULT_CROP_FRACTION, decode_image, preprocess
+from caco_tf.data import DEFAULT_CROP_FRACTION
+from caco_tf.data.images import decode_image, preprocess
+from caco_tf.serving import FORMATS
 
 
 def expected_images(channels):
@@ -159,7 +161,6 @@ def export_float_saved_model(backbone, path, embedder=None):
     return path
 
 
-FORMATS = ("saved_model", "onnx", "litert")
 PREPROCESSING = ("image_size", "channels", "mean", "std")
 
 

@@ -24,6 +24,7 @@ The exporters need the optional packages of ``pip install "caco-tf[interop]"``.
 import numpy as np
 import tensorflow as tf
 
+from caco_tf.data.images import normalize_pixels, to_unit_float
 from caco_tf.errors import UserError
 
 ONNX_OPSET = 17
@@ -36,7 +37,7 @@ def _fixed_size_function(network, image_size, channels, mean, std, output):
     @tf.function(input_signature=[tf.TensorSpec([None, image_size, image_size, channels],
                                                 tf.uint8, name="images")])
     def serve(images):
-        normalized = (tf.cast(images, tf.float32) / 255.0 - mean) / std
+        normalized = normalize_pixels(to_unit_float(images), mean, std)
         return {output: tf.cast(network(normalized, training=False), tf.float32)}
 
     return serve

@@ -197,8 +197,9 @@ def import_checkpoint(model, checkpoint):
 
     sources = [(state, prefix, {**encoder_targets(model.query_encoder, "encoder_q"),
                                 **encoder_targets(model.key_encoder, "encoder_k")}),
-               (bank, "Memory_Bank." + bank_prefix, {"W": (model.bank, _transpose),
-                                                     "v": (model.bank_velocity, _transpose)})]
+               (bank, "Memory_Bank." + bank_prefix,
+                {"W": (model.memory_bank.rows, _transpose),
+                 "v": (model.memory_bank.velocity, _transpose)})]
     # Shapes first: a different architecture then shows as its first differing layer, not as
     # the first layer it lacks.  Then missing and unexpected keys.  Assign only if all is well.
     assignments = []
@@ -237,7 +238,7 @@ def resume_point(config, epoch, steps_per_epoch):
     """(our epoch, optimizer step) that continue the authors' ``epoch`` finished CaCo epochs.
 
     The reference fills its bank in a separate pass before epoch 0; our runs count that pass
-    as ``caco.warmup_epochs`` of ``train.epochs``, so E of theirs is warmup_epochs + E of ours.
+    as ``method.warmup_epochs`` of ``train.epochs``, so E of theirs is warmup_epochs + E of ours.
     """
-    ours = min(config["caco"]["warmup_epochs"] + epoch, config["train"]["epochs"])
+    ours = min(config["method"]["warmup_epochs"] + epoch, config["train"]["epochs"])
     return ours, ours * steps_per_epoch

@@ -230,7 +230,7 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
 class Throughput(keras.callbacks.Callback):
     """Per epoch, into the logs: ``step_ms`` (mean wall time of a step), ``images_per_s``
     (global batch × steps / time) and ``data_wait``, the share of that time the steps waited
-    for their batches (``MomentumEncoderMethod.input_wait``): near 0 when the input pipeline
+    for their batches (``ContrastiveMethod.input_wait``): near 0 when the input pipeline
     keeps up, towards 1 when it stalls training.  The first epoch includes compiling."""
 
     def __init__(self, global_batch):
@@ -264,9 +264,9 @@ class Throughput(keras.callbacks.Callback):
 COLLAPSE_USAGE = 0.02        # distinct MPP rows / min(K, MPP assignments of the epoch)
 COLLAPSE_UNIFORMITY = -0.2   # the views' embeddings all near one point (0: a single point)
 COLLAPSE_RANK = 2.0          # RankMe of the embeddings
-COLLAPSE_ADVICE = ("lengthen the warm-up (caco.warmup_epochs, caco.warmup_min_steps) so that "
-                   "the key encoder follows before the resync, raise caco.bank_lr if it is "
-                   "far below 0.3, or raise caco.temperature")
+COLLAPSE_ADVICE = ("lengthen the warm-up (method.warmup_epochs, method.warmup_min_steps) so "
+                   "that the key encoder follows before the resync, raise method.bank_lr if it "
+                   "is far below 0.3, or raise method.temperature")
 
 
 def is_collapsed(logs, bank_size, assignments):

@@ -1,7 +1,11 @@
 """Run configuration: defaults as data, YAML files on top, ``--set key=value`` on top of that.
 
-Every key a run accepts is listed in ``DEFAULTS``; an unknown key or a value of the wrong type
-is a ``ConfigError`` with a one-line message, never a traceback deep inside training.
+Every key a run accepts is declared once, in ``SETTINGS``: its default, what it accepts and one
+line of help (``DEFAULTS``, ``RULES`` and the documentation's configuration reference are derived
+from it).  An unknown key, a value of the wrong type or a key renamed since (``caco.X``, now
+``method.X``) is a ``ConfigError`` with a one-line message, never a traceback deep inside
+training; a configuration this library saved in an older layout loads as it is
+(``upgrade_saved_config``).
 """
 
 import copy
@@ -12,129 +16,18 @@ import yaml
 from caco_tf.errors import ConfigError
 from caco_tf.nets.sizes import DOWNSAMPLING, feature_map_size, smallest_image
 
-__all__ = ["DEFAULTS", "ConfigError", "changed_settings", "load_config", "parse_assignment"]
+__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "Setting", "changed_settings", "load_config",
+           "parse_assignment", "upgrade_saved_config"]
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker")
-# caco.method: CaCo or one of the paper's ablation rows / baselines (caco_tf.methods).
+# method.name: CaCo or one of the paper's ablation rows / baselines (caco_tf.methods).
 METHODS = ("caco", "none", "positive", "negative", "moco_v2", "simclr")
 
 
-# `None` means "derived" (documented beside the key); any other value fixes the key's type.
-DEFAULTS = {
-    "name": "mnist",
-    "data": {
-        # mnist | mnist_validation (tuning split) | npz:PATH | folder:PATH | tfds:NAME[:SPLIT]
-        "source": "mnist",
-        "data_dir": "",            # TFDS data_dir ("": TFDS's default, ~/tensorflow_datasets)
-        "manual_dir": "",          # TFDS manual_dir (imagenet2012's tar files)
-        # Labelled held-out images for every kNN and evaluation ("": the source's own held-out
-        # split): folder:PATH | npz:PATH | tfds:NAME:SPLIT | tfrecord:GLOB
-        "held_out": "",
-        "image_size": 28,          # the views' (global crops') size
-        "channels": 1,             # 1 | 3; images are converted to it when decoded
-        # digits | asymmetric (the paper's two views; alias: cifar, imagenet) | multicrop
-        "views": "digits",
-        "crop_scale": [0.2, 1.0],  # asymmetric views: RandomResizedCrop area range
-        "blur_sigma": [0.1, 2.0],  # colour views: Gaussian blur σ range, pixels of the view
-        # Keras preprocessing layers appended to every view, on [0, 1] pixels, e.g.
-        # [{layer: RandomContrast, factor: 0.2, value_range: [0, 1]}] (augment.WithLayers).
-        "extra_layers": [],
-        "multicrop": {             # views: multicrop (SwAV's 2×224 + 6×96)
-            "local_size": 96,
-            "local_crops": 6,
-            "global_scale": [0.14, 1.0],
-            "local_scale": [0.05, 0.14],
-        },
-        "seed": 0,
-    },
-    "model": {
-        "backbone": "small_convnet",  # small_convnet | cifar_resnet18 | resnet50
-        "widths": None,            # small_convnet's 4 conv widths (None: 32, 64, 128, 256)
-        # Features: 1 = global average pooling (F = last width); g > 1 = the mean of each cell of
-        # a g×g grid over the last feature map, flattened (F = g²·width; keeps coarse layout).
-        "pool_grid": 1,
-        "projector_hidden": 2048,
-        "embedding_dim": 256,
-        "sync_batchnorm": None,    # None: synchronized BatchNorm exactly when replicas > 1
-    },
-    "caco": {
-        "bank_size": 65536,        # K
-        "temperature": 0.08,       # τ of the encoder loss
-        "bank_temperature": 0.08,  # τ of the bank update
-        "bank_lr": 3.0,
-        "bank_momentum": 0.9,
-        "key_momentum": 0.99,      # rises to 1.0 on a cosine over training
-        "warmup_epochs": 1,        # MoCo-style pass that fills the bank with real keys
-        "warmup_min_steps": 0,     # ...lasting at least this many steps (the EMA must follow)
-        "warmup_temperature": 0.2,
-        "resync_after_warmup": True,  # key encoder ← query encoder when the warm-up ends
-        # The warm-up pass for methods without a bank too (none, simclr): a fair ablation.
-        "warmup_every_method": False,
-        # caco | none | positive | negative (the paper's ablation rows) | moco_v2 | simclr
-        "method": "caco",
-    },
-    "train": {
-        "epochs": 200,
-        "batch_size": 256,
-        "optimizer": "auto",       # auto (paper: sgd below batch 1024, lars from 1024) | sgd | lars
-        "learning_rate": None,     # None: 0.03·batch/256 (sgd) or 0.3·batch/256 (lars)
-        "weight_decay": 1e-4,
-        "momentum": 0.9,
-        "lr_warmup_epochs": 0,
-        "seed": 0,
-        "jit_compile": False,
-        "precision": "float32",    # float32 | mixed_float16 | mixed_bfloat16 (keras policy)
-        # After the last epoch, re-estimate the backbone's BatchNorm statistics on this many
-        # un-augmented training images, an even sample (0: off, the paper's protocol;
-        # callbacks.PreciseBatchNorm).  Training itself is unchanged.
-        "precise_bn_images": 0,
-        # A resume whose settings change the schedules (epochs, batch size, learning rates,
-        # warm-up): refuse (the default) | rescale (re-plan the rest over the new length).
-        "on_schedule_change": "refuse",
-        "stop_on_collapse": False,  # stop (keeping the last good checkpoint) on a collapse
-        # Save the resume state inside an epoch every N minutes (0: at epoch ends only), so a
-        # hard kill loses at most that much; a ResNet-50 state with a 65,536-row bank (501 MiB)
-        # took 2.7 s to save on 2 Xeon cores (BENCHMARKS.md): 0.45 % of the time at 10 minutes.
-        "checkpoint_every_minutes": 10.0,
-    },
-    "distribute": {
-        "strategy": "auto",        # auto | default | mirrored | multiworker (training.distribute)
-        # Multi-worker runs: a collective that waits longer than this for a peer (a hung or
-        # paused machine) ends every worker that waits, with one line (0: wait forever).
-        "collective_timeout_seconds": 600.0,
-    },
-    "evaluation": {
-        "knn_k": 5,
-        "knn_temperature": 0.07,
-        "batch_size": 500,
-        # kNN monitor during pre-training (evaluation.monitor.KNNMonitor), logged as knn_top1:
-        # training images' labels against the held-out split, every N epochs (0: off).
-        "knn_monitor_every": 5,
-        "knn_monitor_k": 200,
-        "knn_monitor_temperature": 0.07,
-        # Every kNN (monitor, end of run) reads class-balanced samples of at most this many
-        # training and held-out images.
-        "knn_train_images": 50000,
-        "knn_test_images": 10000,
-        # Effective rank (RankMe) of the embeddings and features, each epoch, on this many
-        # un-augmented training images (0: off).
-        "health_images": 1024,
-        # A Dense head on stop-gradient backbone features, trained beside the encoder on
-        # labelled batches (probe_top1; CaCo(online_probe_classes)); it never changes the
-        # encoder.  Needs a labelled training source (its labels reach the probe only).
-        "online_probe": False,
-    },
-}
-
-# Keys whose default is None, with the type a given value must have.
-_DERIVED_TYPES = {("train", "learning_rate"): float, ("model", "sync_batchnorm"): bool,
-                  ("model", "widths"): list}
-
-
-def _check_type(path, value, default):
-    expected = _DERIVED_TYPES.get(tuple(path), type(default))
-    name = ".".join(path)
-    if value is None and default is None:
+def _check_type(name, value):
+    setting = SETTINGS[name]
+    expected = setting.type
+    if value is None and setting.default is None:
         return None
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -148,15 +41,22 @@ def _check_type(path, value, default):
 def _merge(base, override, path=()):
     for key, value in override.items():
         where = path + (key,)
+        if where == ("caco",):
+            raise _refuse_old_section(value)
+        if where == ("method", "method"):
+            raise ConfigError(f"unknown config key 'method.method': caco.method was renamed "
+                              f"method.name in caco_tf {RENAMED_IN}; rename it in your "
+                              f"configuration")
         if key not in base:
             known = ", ".join(sorted(base))
             raise ConfigError(f"unknown config key '{'.'.join(where)}' (known here: {known})")
         if isinstance(base[key], dict):
             if not isinstance(value, dict):
-                raise ConfigError(f"{'.'.join(where)} must be a mapping of settings")
+                hint = " (the method itself is method.name)" if where == ("method",) else ""
+                raise ConfigError(f"{'.'.join(where)} must be a mapping of settings{hint}")
             _merge(base[key], value, where)
         else:
-            base[key] = _check_type(where, value, DEFAULTS_FLAT[where])
+            base[key] = _check_type(".".join(where), value)
 
 
 def _flatten(tree, path=()):
@@ -169,8 +69,6 @@ def _flatten(tree, path=()):
     return flat
 
 
-DEFAULTS_FLAT = _flatten(DEFAULTS)
-
 
 def changed_settings(old, new):
     """``["key: old -> new", ...]`` for every flattened key whose value differs."""
@@ -181,7 +79,7 @@ def changed_settings(old, new):
 
 
 def parse_assignment(text):
-    """'caco.bank_lr=0.3' → {'caco': {'bank_lr': 0.3}} (the value is read as YAML)."""
+    """'method.bank_lr=0.3' → {'method': {'bank_lr': 0.3}} (the value is read as YAML)."""
     if "=" not in text:
         raise ConfigError(f"--set expects key=value, got {text!r}")
     key, raw = text.split("=", 1)
@@ -231,9 +129,13 @@ def config_path(spec):
                       f"caco-train --list-configs)")
 
 
-def load_config(path=None, assignments=()):
+def load_config(path=None, assignments=(), saved=False):
     """Defaults, then the YAML file at ``path`` (a path, or a shipped configuration's name:
-    ``config_path``), then each ``key=value`` assignment."""
+    ``config_path``), then each ``key=value`` assignment.
+
+    ``saved``: the file is one this library wrote (a run folder's ``config.yaml``), which loads in
+    the layout of the version that wrote it (``upgrade_saved_config``); in a user's file, a key
+    renamed since is refused with one line naming its new name."""
     config = copy.deepcopy(DEFAULTS)
     if path is not None:
         path = config_path(path)
@@ -246,7 +148,7 @@ def load_config(path=None, assignments=()):
             raise ConfigError(f"config {path} is not valid YAML: {error}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a mapping of settings")
-        _merge(config, loaded)
+        _merge(config, upgrade_saved_config(loaded) if saved else loaded)
     for assignment in assignments:
         _merge(config, parse_assignment(assignment))
     _validate(config)
@@ -330,161 +232,258 @@ def _source(value, held_out=False):
 BACKBONES = tuple(DOWNSAMPLING)
 VIEWS = ("digits", "asymmetric", "cifar", "imagenet", "multicrop")
 
-# Every key of DEFAULTS: what it accepts.  A test checks that none is missing.
-RULES = {
-    "name": text("a non-empty name without '/'", lambda v: bool(v) and "/" not in v),
-    "data.source": text("mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or "
-                        "tfrecord:GLOB", _source),
-    "data.data_dir": text("a folder path, or '' (TFDS's default)"),
-    "data.manual_dir": text("a folder path, or '' (TFDS's default)"),
-    "data.held_out": text("'', folder:PATH, npz:PATH, tfds:NAME:SPLIT or tfrecord:GLOB",
-                          lambda v: _source(v, held_out=True)),
-    "data.image_size": integer(1, 4096),
-    "data.channels": choice(1, 3),
-    "data.views": choice(*VIEWS),
-    "data.crop_scale": span(0.0, 1.0, positive_low=True),
-    "data.blur_sigma": span(0.0),
-    "data.extra_layers": Rule(lambda v: isinstance(v, list) and all(
-        isinstance(e, dict) and isinstance(e.get("layer"), str) for e in v),
-        "a list of {layer: NAME, ...arguments} mappings"),
-    "data.multicrop.local_size": integer(1, 4096),
-    "data.multicrop.local_crops": integer(0, 64),
-    "data.multicrop.global_scale": span(0.0, 1.0, positive_low=True),
-    "data.multicrop.local_scale": span(0.0, 1.0, positive_low=True),
-    "data.seed": integer(0),
-    "model.backbone": choice(*BACKBONES),
-    "model.widths": optional(Rule(lambda v: isinstance(v, list) and len(v) == 4 and all(
-        _is_int(w) and w >= 1 for w in v), "4 positive integers"), "small_convnet's 32, 64, "
-        "128, 256"),
-    "model.pool_grid": integer(1, 16),
-    "model.projector_hidden": integer(1),
-    "model.embedding_dim": integer(1),
-    "model.sync_batchnorm": optional(boolean(), "exactly when replicas > 1"),
-    "caco.bank_size": integer(1),
-    "caco.temperature": number(0.0, low_open=True),
-    "caco.bank_temperature": number(0.0, low_open=True),
-    "caco.bank_lr": number(0.0),
-    "caco.bank_momentum": number(0.0, 1.0, high_open=True),
-    "caco.key_momentum": number(0.0, 1.0),
-    "caco.warmup_epochs": integer(0),
-    "caco.warmup_min_steps": integer(0),
-    "caco.warmup_temperature": number(0.0, low_open=True),
-    "caco.resync_after_warmup": boolean(),
-    "caco.warmup_every_method": boolean(),
-    "caco.method": choice(*METHODS),
-    "train.epochs": integer(1),
-    "train.batch_size": integer(1),
-    "train.optimizer": choice("auto", "sgd", "lars"),
-    "train.learning_rate": optional(number(0.0, low_open=True), "the paper's rule from the "
-                                    "batch"),
-    "train.weight_decay": number(0.0),
-    "train.momentum": number(0.0, 1.0, high_open=True),
-    "train.lr_warmup_epochs": integer(0),
-    "train.seed": integer(0),
-    "train.jit_compile": boolean(),
-    "train.precision": choice("float32", "mixed_float16", "mixed_bfloat16"),
-    "train.precise_bn_images": integer(0),
-    "train.on_schedule_change": choice("refuse", "rescale"),
-    "train.stop_on_collapse": boolean(),
-    "train.checkpoint_every_minutes": number(0.0),
-    "distribute.strategy": choice(*STRATEGIES),
-    "distribute.collective_timeout_seconds": number(0.0),
-    "evaluation.knn_k": integer(1),
-    "evaluation.knn_temperature": number(0.0, low_open=True),
-    "evaluation.batch_size": integer(1),
-    "evaluation.knn_monitor_every": integer(0),
-    "evaluation.knn_monitor_k": integer(1),
-    "evaluation.knn_monitor_temperature": number(0.0, low_open=True),
-    "evaluation.knn_train_images": integer(1),
-    "evaluation.knn_test_images": integer(1),
-    "evaluation.health_images": integer(0),
-    "evaluation.online_probe": boolean(),
+# ---------------------------------------------------------------------------- the settings
+class Setting:
+    """One key of a run, declared once: its default, what it accepts (``rule``, a ``Rule``) and
+    what it does (``help``, one line).  A default of None means "derived" (the rule's
+    ``optional`` says from what); ``derived`` is then the type a given value must have, as the
+    default's type is otherwise."""
+
+    def __init__(self, default, rule, help, derived=None):
+        if (default is None) != (derived is not None):
+            raise TypeError("a default of None needs derived=TYPE, and only such a default")
+        self.default, self.rule, self.help = default, rule, help
+        self.type = derived if default is None else type(default)
+
+
+# Every key a run accepts, in the order of a saved config.yaml; DEFAULTS, RULES and the
+# documentation's configuration reference (docs/hooks.py) are derived from this table.
+SETTINGS = {
+    "name": Setting("mnist", text("a non-empty name without '/'",
+                                  lambda v: bool(v) and "/" not in v),
+                    "the run's name: its default folder is runs/<name>"),
+    "data.source": Setting(
+        "mnist", text("mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or "
+                      "tfrecord:GLOB", _source),
+        "the training images; labels, where a source has them, serve evaluation only"),
+    "data.data_dir": Setting(
+        "", text("a folder path, or '' (TFDS's default)"),
+        "where TFDS keeps prepared data sets ('': ~/tensorflow_datasets)"),
+    "data.manual_dir": Setting(
+        "", text("a folder path, or '' (TFDS's default)"),
+        "where TFDS finds manually downloaded files (imagenet2012's archives)"),
+    "data.held_out": Setting(
+        "", text("'', folder:PATH, npz:PATH, tfds:NAME:SPLIT or tfrecord:GLOB",
+                 lambda v: _source(v, held_out=True)),
+        "labelled held-out images for every kNN and evaluation ('': the source's own held-out "
+        "split, if any)"),
+    "data.image_size": Setting(
+        28, integer(1, 4096), "the side of the (global) views and of the exported model's input"),
+    "data.channels": Setting(
+        1, choice(1, 3), "1 or 3: every image is converted to it when decoded"),
+    "data.views": Setting(
+        "digits", choice(*VIEWS),
+        "the augmentation: digits (offline MNIST), asymmetric (the paper's two views; cifar and "
+        "imagenet are aliases) or multicrop"),
+    "data.crop_scale": Setting(
+        [0.2, 1.0], span(0.0, 1.0, positive_low=True),
+        "asymmetric views: the RandomResizedCrop area range"),
+    "data.blur_sigma": Setting(
+        [0.1, 2.0], span(0.0),
+        "colour views: the Gaussian blur's sigma range, in pixels of the view"),
+    "data.extra_layers": Setting(
+        [], Rule(lambda v: isinstance(v, list) and all(
+            isinstance(e, dict) and isinstance(e.get("layer"), str) for e in v),
+            "a list of {layer: NAME, ...arguments} mappings"),
+        "Keras preprocessing layers appended to every view, on its [0, 1] pixels: "
+        "[{layer: RandomContrast, factor: 0.2, value_range: [0, 1]}] (a Keras layer's name or a "
+        "dotted path, then its arguments; augment.WithLayers)"),
+    # data.views multicrop: SwAV's 2×224 + 6×96.
+    "data.multicrop.local_size": Setting(
+        96, integer(1, 4096), "multicrop: the side of the local crops"),
+    "data.multicrop.local_crops": Setting(
+        6, integer(0, 64), "multicrop: local crops per image"),
+    "data.multicrop.global_scale": Setting(
+        [0.14, 1.0], span(0.0, 1.0, positive_low=True), "multicrop: the global crops' area range"),
+    "data.multicrop.local_scale": Setting(
+        [0.05, 0.14], span(0.0, 1.0, positive_low=True), "multicrop: the local crops' area range"),
+    "data.seed": Setting(
+        0, integer(0), "the seed of the order of the images and of every view"),
+    "model.backbone": Setting(
+        "small_convnet", choice(*BACKBONES), "the encoder's backbone (images to pooled features)"),
+    "model.widths": Setting(
+        None, optional(Rule(lambda v: isinstance(v, list) and len(v) == 4 and all(
+            _is_int(w) and w >= 1 for w in v), "4 positive integers"),
+            "small_convnet's 32, 64, 128, 256"),
+        "small_convnet's four convolution widths", derived=list),
+    # Features: 1 = global average pooling (F = last width); g > 1 = the mean of each cell of a
+    # g×g grid over the last feature map, flattened (F = g²·width; keeps coarse layout).
+    "model.pool_grid": Setting(
+        1, integer(1, 16),
+        "1: global average pooling; g: the mean of each cell of a gxg grid over the last feature "
+        "map, flattened"),
+    "model.projector_hidden": Setting(2048, integer(1), "the projection MLP's hidden width"),
+    "model.embedding_dim": Setting(
+        256, integer(1), "D, the embedding's (and the bank rows') dimension"),
+    "model.sync_batchnorm": Setting(
+        None, optional(boolean(), "exactly when replicas > 1"),
+        "BatchNorm statistics over all replicas", derived=bool),
+    # The method and its settings: CaCo's bank, temperatures and key encoder, which the ablation
+    # rows and baselines use or ignore (caco_tf.methods).  This section was named caco, and
+    # method.name caco.method, before caco_tf 0.3.0 (RENAMED below).
+    "method.bank_size": Setting(
+        65536, integer(1), "K, the bank's rows (positives and negatives share them)"),
+    "method.temperature": Setting(
+        0.08, number(0.0, low_open=True), "tau of the encoder's loss"),
+    "method.bank_temperature": Setting(
+        0.08, number(0.0, low_open=True), "tau of the bank's update"),
+    "method.bank_lr": Setting(3.0, number(0.0), "the bank's learning rate (cosine-decayed)"),
+    "method.bank_momentum": Setting(
+        0.9, number(0.0, 1.0, high_open=True), "the SGD momentum of the bank's update"),
+    "method.key_momentum": Setting(
+        0.99, number(0.0, 1.0),
+        "the key encoder's EMA momentum at the start (it rises to 1 on a cosine)"),
+    "method.warmup_epochs": Setting(
+        1, integer(0), "epochs of the MoCo-style pass that fills the bank with real keys"),
+    "method.warmup_min_steps": Setting(
+        0, integer(0),
+        "the least steps that warm-up lasts (the EMA must follow the query encoder before the "
+        "resync)"),
+    "method.warmup_temperature": Setting(
+        0.2, number(0.0, low_open=True), "tau of the warm-up's loss"),
+    "method.resync_after_warmup": Setting(
+        True, boolean(), "copy the query encoder into the key encoder when the warm-up ends"),
+    "method.warmup_every_method": Setting(
+        False, boolean(),
+        "run the warm-up for the methods without a bank too (none, simclr: a fair ablation)"),
+    "method.name": Setting(
+        "caco", choice(*METHODS),
+        "the method: caco, or the paper's ablation rows (none, positive, negative) and baselines "
+        "(moco_v2, simclr)"),
+    "train.epochs": Setting(200, integer(1), "epochs, warm-up included"),
+    "train.batch_size": Setting(256, integer(1), "the global batch, split over the replicas"),
+    "train.optimizer": Setting(
+        "auto", choice("auto", "sgd", "lars"),
+        "auto: SGD below a batch of 1,024, LARS from it (the paper's rule)"),
+    # None: 0.03·batch/256 (sgd) or 0.3·batch/256 (lars).
+    "train.learning_rate": Setting(
+        None, optional(number(0.0, low_open=True), "the paper's rule from the batch"),
+        "the encoder's peak learning rate", derived=float),
+    "train.weight_decay": Setting(
+        1e-4, number(0.0), "the encoder's (coupled, PyTorch-style) weight decay"),
+    "train.momentum": Setting(
+        0.9, number(0.0, 1.0, high_open=True), "the encoder optimizer's momentum"),
+    "train.lr_warmup_epochs": Setting(
+        0, integer(0), "epochs of the learning rate's linear warm-up"),
+    "train.seed": Setting(0, integer(0), "the seed of the weights' initialization"),
+    "train.jit_compile": Setting(False, boolean(), "compile the train step with XLA"),
+    "train.precision": Setting(
+        "float32", choice("float32", "mixed_float16", "mixed_bfloat16"),
+        "the Keras dtype policy (the bank, logits and loss stay float32)"),
+    # An even sample of the training images (0: off, the paper's protocol;
+    # callbacks.PreciseBatchNorm).  Training itself is unchanged.
+    "train.precise_bn_images": Setting(
+        0, integer(0),
+        "re-estimate the backbone's BatchNorm statistics on this many un-augmented images after "
+        "the last epoch (0: off)"),
+    "train.on_schedule_change": Setting(
+        "refuse", choice("refuse", "rescale"),
+        "what a resume does when epochs, batch size, learning rates or warm-up changed: refuse, "
+        "or rescale the rest of the run"),
+    "train.stop_on_collapse": Setting(
+        False, boolean(), "stop the run on a collapse (the last good checkpoint stays)"),
+    # A ResNet-50 state with a 65,536-row bank (501 MiB) took 2.7 s to save on 2 Xeon cores
+    # (BENCHMARKS.md): 0.45 % of the time at 10 minutes.
+    "train.checkpoint_every_minutes": Setting(
+        10.0, number(0.0),
+        "save the resume state inside an epoch every N minutes, so a hard kill loses at most "
+        "that (0: at epoch ends only)"),
+    "distribute.strategy": Setting(
+        "auto", choice(*STRATEGIES),
+        "auto: mirrored when several GPUs are visible, else one device (training.distribute)"),
+    # A hung or paused machine: every worker that waits for it ends.
+    "distribute.collective_timeout_seconds": Setting(
+        600.0, number(0.0),
+        "multi-worker runs: seconds a worker waits for its peers at a collective before it stops "
+        "with one line, exit status 75 (0: forever)"),
+    "evaluation.knn_k": Setting(5, integer(1), "neighbours of the end-of-run kNN and "
+                                               "caco-evaluate knn"),
+    "evaluation.knn_temperature": Setting(
+        0.07, number(0.0, low_open=True), "the vote temperature of that kNN"),
+    "evaluation.batch_size": Setting(500, integer(1), "the batch of every evaluation pass"),
+    # evaluation.monitor.KNNMonitor, logged as knn_top1: the training images' labels against
+    # the held-out split.
+    "evaluation.knn_monitor_every": Setting(
+        5, integer(0), "the kNN monitor during training, every N epochs (0: off)"),
+    "evaluation.knn_monitor_k": Setting(200, integer(1), "the monitor's neighbours"),
+    "evaluation.knn_monitor_temperature": Setting(
+        0.07, number(0.0, low_open=True), "the monitor's vote temperature"),
+    "evaluation.knn_train_images": Setting(
+        50000, integer(1),
+        "every kNN reads a class-balanced sample of at most this many training images"),
+    "evaluation.knn_test_images": Setting(
+        10000, integer(1), "... and of at most this many held-out images"),
+    # Effective rank (RankMe) of the embeddings and features.
+    "evaluation.health_images": Setting(
+        1024, integer(0),
+        "un-augmented training images the effective ranks are measured on each epoch (0: off)"),
+    # A Dense head on stop-gradient backbone features (CaCo(online_probe_classes)).  Needs a
+    # labelled training source (its labels reach the probe only).
+    "evaluation.online_probe": Setting(
+        False, boolean(),
+        "a linear probe trained beside the encoder on labelled batches (probe_top1); it never "
+        "changes the encoder"),
 }
 
 
-# One line per key: what it does (the documentation's configuration reference is generated
-# from DEFAULTS, RULES and this table; a test checks that every key has its line).
-HELP = {
-    "name": "the run's name: its default folder is runs/<name>",
-    "data.source": "the training images; labels, where a source has them, serve evaluation "
-                   "only",
-    "data.data_dir": "where TFDS keeps prepared data sets ('': ~/tensorflow_datasets)",
-    "data.manual_dir": "where TFDS finds manually downloaded files (imagenet2012's archives)",
-    "data.held_out": "labelled held-out images for every kNN and evaluation ('': the source's "
-                     "own held-out split, if any)",
-    "data.image_size": "the side of the (global) views and of the exported model's input",
-    "data.channels": "1 or 3: every image is converted to it when decoded",
-    "data.views": "the augmentation: digits (offline MNIST), asymmetric (the paper's two "
-                  "views; cifar and imagenet are aliases) or multicrop",
-    "data.crop_scale": "asymmetric views: the RandomResizedCrop area range",
-    "data.blur_sigma": "colour views: the Gaussian blur's sigma range, in pixels of the view",
-    "data.extra_layers": "Keras preprocessing layers appended to every view, on its [0, 1] "
-                         "pixels: [{layer: RandomContrast, factor: 0.2, value_range: [0, 1]}] "
-                         "(a Keras layer's name or a dotted path, then its arguments)",
-    "data.multicrop.local_size": "multicrop: the side of the local crops",
-    "data.multicrop.local_crops": "multicrop: local crops per image",
-    "data.multicrop.global_scale": "multicrop: the global crops' area range",
-    "data.multicrop.local_scale": "multicrop: the local crops' area range",
-    "data.seed": "the seed of the order of the images and of every view",
-    "model.backbone": "the encoder's backbone (images to pooled features)",
-    "model.widths": "small_convnet's four convolution widths",
-    "model.pool_grid": "1: global average pooling; g: the mean of each cell of a gxg grid over "
-                       "the last feature map, flattened",
-    "model.projector_hidden": "the projection MLP's hidden width",
-    "model.embedding_dim": "D, the embedding's (and the bank rows') dimension",
-    "model.sync_batchnorm": "BatchNorm statistics over all replicas",
-    "caco.bank_size": "K, the bank's rows (positives and negatives share them)",
-    "caco.temperature": "tau of the encoder's loss",
-    "caco.bank_temperature": "tau of the bank's update",
-    "caco.bank_lr": "the bank's learning rate (cosine-decayed)",
-    "caco.bank_momentum": "the SGD momentum of the bank's update",
-    "caco.key_momentum": "the key encoder's EMA momentum at the start (it rises to 1 on a "
-                         "cosine)",
-    "caco.warmup_epochs": "epochs of the MoCo-style pass that fills the bank with real keys",
-    "caco.warmup_min_steps": "the least steps that warm-up lasts (the EMA must follow the "
-                             "query encoder before the resync)",
-    "caco.warmup_temperature": "tau of the warm-up's loss",
-    "caco.resync_after_warmup": "copy the query encoder into the key encoder when the warm-up "
-                                "ends",
-    "caco.warmup_every_method": "run the warm-up for the methods without a bank too (a fair "
-                                "ablation)",
-    "caco.method": "caco, or the paper's ablation rows (none, positive, negative) and baselines "
-                   "(moco_v2, simclr)",
-    "train.epochs": "epochs, warm-up included",
-    "train.batch_size": "the global batch, split over the replicas",
-    "train.optimizer": "auto: SGD below a batch of 1,024, LARS from it (the paper's rule)",
-    "train.learning_rate": "the encoder's peak learning rate",
-    "train.weight_decay": "the encoder's (coupled, PyTorch-style) weight decay",
-    "train.momentum": "the encoder optimizer's momentum",
-    "train.lr_warmup_epochs": "epochs of the learning rate's linear warm-up",
-    "train.seed": "the seed of the weights' initialization",
-    "train.jit_compile": "compile the train step with XLA",
-    "train.precision": "the Keras dtype policy (the bank, logits and loss stay float32)",
-    "train.precise_bn_images": "re-estimate the backbone's BatchNorm statistics on this many "
-                               "un-augmented images after the last epoch (0: off)",
-    "train.on_schedule_change": "what a resume does when epochs, batch size, learning rates or "
-                                "warm-up changed: refuse, or rescale the rest of the run",
-    "train.stop_on_collapse": "stop the run on a collapse (the last good checkpoint stays)",
-    "train.checkpoint_every_minutes": "save the resume state inside an epoch every N minutes, "
-                                      "so a hard kill loses at most that (0: at epoch ends only)",
-    "distribute.strategy": "auto: mirrored when several GPUs are visible, else one device",
-    "distribute.collective_timeout_seconds": "multi-worker runs: seconds a worker waits for "
-                                             "its peers at a collective before it stops with "
-                                             "one line, exit status 75 (0: forever)",
-    "evaluation.knn_k": "neighbours of the end-of-run kNN and caco-evaluate knn",
-    "evaluation.knn_temperature": "the vote temperature of that kNN",
-    "evaluation.batch_size": "the batch of every evaluation pass",
-    "evaluation.knn_monitor_every": "the kNN monitor during training, every N epochs (0: off)",
-    "evaluation.knn_monitor_k": "the monitor's neighbours",
-    "evaluation.knn_monitor_temperature": "the monitor's vote temperature",
-    "evaluation.knn_train_images": "every kNN reads a class-balanced sample of at most this "
-                                   "many training images",
-    "evaluation.knn_test_images": "... and of at most this many held-out images",
-    "evaluation.health_images": "un-augmented training images the effective ranks are "
-                                "measured on each epoch (0: off)",
-    "evaluation.online_probe": "a linear probe trained beside the encoder on labelled batches "
-                               "(probe_top1); it never changes the encoder",
-}
+def _nested(flat):
+    tree = {}
+    for name, value in flat.items():
+        *sections, key = name.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+    return tree
+
+
+# Derived from SETTINGS: the nested defaults (a run's configuration has their shape), the same
+# by (section, ..., key) tuple, and what each dotted key accepts.
+DEFAULTS = _nested({name: setting.default for name, setting in SETTINGS.items()})
+DEFAULTS_FLAT = _flatten(DEFAULTS)
+RULES = {name: setting.rule for name, setting in SETTINGS.items()}
+
+
+# ---------------------------------------------------------------------------- renamed keys
+# caco_tf 0.3.0 named the method's section for what it is: caco.X became method.X, and
+# caco.method became method.name.  An old key in a user's configuration (a YAML file, --set) is
+# refused with one line naming its new name; what this library saved itself under the old
+# layout (a run folder's config.yaml, a .keras file's run settings) loads as it is, upgraded by
+# upgrade_saved_config.
+RENAMED_IN = "0.3.0"
+RENAMED = {f"caco.{name.split('.', 1)[1]}": name for name in SETTINGS
+           if name.startswith("method.") and name != "method.name"}
+RENAMED["caco.method"] = "method.name"
+
+
+def upgrade_saved_config(tree):
+    """A configuration this library saved before caco_tf 0.3.0 (section ``caco``, key
+    ``caco.method``), in today's layout (section ``method``, key ``method.name``); any other tree
+    comes back as it is.  A copy: ``tree`` is not changed."""
+    tree = copy.deepcopy(tree)
+    if not (isinstance(tree, dict) and isinstance(tree.get("caco"), dict)
+            and "method" not in tree):
+        return tree
+    return {("method" if key == "caco" else key):
+            ({("name" if k == "method" else k): v for k, v in value.items()}
+             if key == "caco" else value) for key, value in tree.items()}
+
+
+def _refuse_old_section(value):
+    """The one-line error for the old section ``caco`` in a user's configuration."""
+    keys = list(value) if isinstance(value, dict) else []
+    if not keys:
+        return ConfigError(f"caco was renamed method in caco_tf {RENAMED_IN}; rename it in your "
+                           f"configuration")
+    old = f"caco.{keys[0]}"
+    if old not in RENAMED:
+        known = ", ".join(sorted(DEFAULTS["method"]))
+        return ConfigError(f"unknown config key '{old}' (the section caco was renamed method in "
+                           f"caco_tf {RENAMED_IN}; known there: {known})")
+    also = (["the whole section caco is now method"] if len(keys) > 1 else []) + (
+        ["caco.method is method.name"] if "method" in keys[1:] else [])
+    return ConfigError(f"{old} was renamed {RENAMED[old]} in caco_tf {RENAMED_IN}; rename it in "
+                       f"your configuration" + (f" ({'; '.join(also)})" if also else ""))
 
 
 def _validate(config):
@@ -492,16 +491,17 @@ def _validate(config):
     for key, rule in RULES.items():
         if not rule.check(flat[key]):
             raise ConfigError(f"{key} must be {rule.allowed}, got {flat[key]!r}")
-    train, caco, model, data = config["train"], config["caco"], config["model"], config["data"]
-    if caco["warmup_epochs"] >= train["epochs"]:
-        raise ConfigError(f"caco.warmup_epochs must be below train.epochs "
-                          f"({train['epochs']}), got {caco['warmup_epochs']}")
+    train, method, model, data = (config["train"], config["method"], config["model"],
+                                  config["data"])
+    if method["warmup_epochs"] >= train["epochs"]:
+        raise ConfigError(f"method.warmup_epochs must be below train.epochs "
+                          f"({train['epochs']}), got {method['warmup_epochs']}")
     if train["lr_warmup_epochs"] > train["epochs"]:
         raise ConfigError(f"train.lr_warmup_epochs must be at most train.epochs "
                           f"({train['epochs']}), got {train['lr_warmup_epochs']}")
-    if caco["method"] != "caco" and data["views"] == "multicrop":
-        raise ConfigError(f"caco.method {caco['method']} takes two views; "
-                          f"data.views multicrop works with caco.method caco only")
+    if method["name"] != "caco" and data["views"] == "multicrop":
+        raise ConfigError(f"method.name {method['name']} takes two views; "
+                          f"data.views multicrop works with method.name caco only")
     if model["widths"] is not None and model["backbone"] != "small_convnet":
         raise ConfigError(f"model.widths applies to small_convnet only, not to "
                           f"model.backbone {model['backbone']}")

@@ -28,6 +28,7 @@ __all__ = [
     "CosineMomentum",
     "paper_learning_rate",
     "build_encoder_optimizer",
+    "as_schedule",
 ]
 
 # Global batch size from which the paper switches from SGD to LARS.
@@ -294,6 +295,13 @@ class CosineMomentum(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"base_value": self.base_value, "total_steps": self.total_steps}
+
+
+def as_schedule(value):
+    """A float or a ``LearningRateSchedule`` as a callable of the step."""
+    if isinstance(value, keras.optimizers.schedules.LearningRateSchedule):
+        return value
+    return lambda step: ops.convert_to_tensor(value, "float32")
 
 
 def paper_learning_rate(batch_size: int, optimizer: str = "auto"):
