@@ -6,8 +6,8 @@
 Generated labelled images (16×16 RGB PNGs of 100 classes, in a random class order, as TFRecord
 shards like ImageNet's; a separate held-out set of 20,000) are written once under ``--data``.
 For each training-set size, one process builds the monitor as a run does
-(``pretrain.knn_monitor``: class-balanced samples of ``evaluation.knn_train_images`` training
-and ``knn_test_images`` held-out images, kNN by blocks) and times one measurement, then reports
+(``evaluation.monitor.knn_monitor``: class-balanced samples of ``evaluation.knn_train_images``
+training and ``knn_test_images`` held-out images, kNN by blocks) and times one measurement, then reports
 its peak resident memory.  For comparison, the same process size with the monitor as it was
 before (every training image's features, one process) up to ``--unbounded-limit`` images.
 The monitor's share of an epoch: its time over the epoch's (steps × the median step time of the
@@ -69,7 +69,8 @@ def measure(train_glob, held_out_glob, unbounded, batch):
     time and this process's peak RSS; and the median train step of the same model."""
     import numpy as np
 
-    from caco_tf import build, data, pretrain
+    from caco_tf import build, data
+    from caco_tf.evaluation.monitor import knn_monitor
     from caco_tf.evaluation import knn
     from caco_tf.training.config import load_config
 
@@ -84,12 +85,12 @@ def measure(train_glob, held_out_glob, unbounded, batch):
     start = time.perf_counter()
     if unbounded:  # as before: every training image, one process, all features in memory
         train_features, train_labels = knn.extract_features(
-            model.backbone, pretrain.eval_dataset(config, views, train))
+            model.backbone, build.eval_dataset(config, views, train))
         test_features, test_labels = knn.extract_features(
-            model.backbone, pretrain.eval_dataset(config, views, held_out))
+            model.backbone, build.eval_dataset(config, views, held_out))
         knn.knn_accuracy(train_features, train_labels, test_features, test_labels, 200)
     else:
-        monitor = pretrain.knn_monitor(config, views, train, held_out)
+        monitor = knn_monitor(config, views, train, held_out)
         monitor.set_model(model)
         monitor.measure()
     seconds = time.perf_counter() - start

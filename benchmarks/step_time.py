@@ -55,7 +55,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import resource
 import shlex
 import statistics

@@ -1,5 +1,6 @@
 """From a configuration to objects: the data sources, the views and the compiled model of a run,
-and a run folder's model rebuilt from its ``config.yaml`` and checkpoint.
+its checks against the data, its evaluation batches and callbacks, and a run folder's model
+rebuilt from its ``config.yaml`` and checkpoint.
 
 Both the pre-training run (``caco_tf.pretrain``) and the tools that read a finished run (the
 evaluation CLI, the figures, the export) build through here, so they build the same model.
@@ -11,10 +12,11 @@ import os
 
 import tensorflow as tf
 
+from caco_tf import data
 from caco_tf.data import DEFAULT_CROP_FRACTION, augment, sources
 from caco_tf.methods import model_class
 from caco_tf.nets import backbones
-from caco_tf.training import optimizers
+from caco_tf.training import callbacks, optimizers
 from caco_tf.training.config import ConfigError, load_config, upgrade_saved_config
 from caco_tf.training.run_folder import RunFolder
 
@@ -135,6 +137,77 @@ def preprocessing(config):
     return {"image_size": config["data"]["image_size"], "channels": config["data"]["channels"],
             "mean": as_list(views.mean), "std": as_list(views.std),
             "crop_fraction": DEFAULT_CROP_FRACTION}
+
+
+def check_sizes(config, num_images, replicas=1):
+    """Refuse, in one line, a batch, bank or warm-up that the data set or the replicas cannot
+    hold: before anything is built."""
+    batch, bank = config["train"]["batch_size"], config["method"]["bank_size"]
+    if batch > num_images:
+        raise data.DataError(f"train.batch_size {batch} is larger than the data set "
+                             f"({num_images} images)")
+    if batch % replicas:
+        raise ConfigError(f"train.batch_size {batch} must split evenly over the {replicas} "
+                          f"replicas: use a multiple of {replicas}")
+    # One pass writes one key per image of its full batches: the bank holds distinct images
+    # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
+    filled = (num_images // batch) * batch
+    if config["method"]["warmup_epochs"] > 0 and bank > filled:
+        raise data.DataError(
+            f"method.bank_size {bank} is larger than the data set at initialization: one pass "
+            f"fills {filled} rows from {num_images} images in batches of {batch}")
+    steps = num_images // batch
+    warmup = warmup_steps(config, steps)
+    if warmup >= config["train"]["epochs"] * steps:
+        raise ConfigError(f"the warm-up ({warmup} steps: method.warmup_epochs "
+                          f"{config['method']['warmup_epochs']}, method.warmup_min_steps "
+                          f"{config['method']['warmup_min_steps']}) must end before the run's "
+                          f"{config['train']['epochs'] * steps} steps")
+
+
+def online_probe_classes(config, train):
+    """The online probe's class count when ``evaluation.online_probe`` is on, else None.
+
+    The probe trains on the training images' labels: an unlabelled source is a ``ConfigError``.
+    """
+    if not config["evaluation"]["online_probe"]:
+        return None
+    if not train.has_labels:
+        raise ConfigError(f"evaluation.online_probe needs a labelled training source; "
+                          f"{config['data']['source']} has no labels")
+    classes = data.num_classes(train)
+    if classes < 2:
+        raise ConfigError(f"evaluation.online_probe needs at least 2 classes in the training "
+                          f"labels of {config['data']['source']}, found {classes}")
+    return classes
+
+
+def health_sample(config, views, train):
+    """Batches of ``evaluation.health_images`` un-augmented training images, an even sample:
+    what ``HealthMonitor`` measures the effective ranks on (None when 0)."""
+    count = config["evaluation"]["health_images"]
+    if not count:
+        return None
+    every = max(1, len(train) // count)
+    return eval_dataset(config, views, train, every=every).take(
+        -(-count // config["evaluation"]["batch_size"]))
+
+
+def precise_bn(config, views, train):
+    """The ``PreciseBatchNorm`` callback of ``train.precise_bn_images``, or None (0: off)."""
+    count = config["train"]["precise_bn_images"]
+    if not count:
+        return None
+    every = max(1, len(train) // count)
+    return callbacks.PreciseBatchNorm(eval_dataset(config, views, train, every=every))
+
+
+def eval_dataset(config, views, source, skipped=None, every=1):
+    """Normalized image batches of a source (with its labels if any), as evaluation sees
+    them; ``every``: every ``every``-th image only."""
+    return data.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
+                             image_size=config["data"]["image_size"],
+                             channels=config["data"]["channels"], skipped=skipped, every=every)
 
 
 Run = collections.namedtuple("Run", "directory config model views")

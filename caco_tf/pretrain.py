@@ -11,39 +11,16 @@ import tensorflow as tf
 import yaml
 
 from caco_tf import __version__, data
-from caco_tf.build import build_model, build_views, load_data, warmup_steps
+from caco_tf.build import (build_model, build_views, check_sizes, health_sample, load_data,
+                           online_probe_classes, precise_bn)
 from caco_tf.evaluation import knn
-from caco_tf.evaluation.monitor import KNNMonitor
+from caco_tf.evaluation.monitor import knn_monitor, knn_sets
 from caco_tf.serving import export
 from caco_tf.training import callbacks, distribute, interrupts, peers
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
 from caco_tf.training.config import ConfigError, changed_settings, upgrade_saved_config
-
-
-def check_sizes(config, num_images, replicas=1):
-    batch, bank = config["train"]["batch_size"], config["method"]["bank_size"]
-    if batch > num_images:
-        raise data.DataError(f"train.batch_size {batch} is larger than the data set "
-                             f"({num_images} images)")
-    if batch % replicas:
-        raise ConfigError(f"train.batch_size {batch} must split evenly over the {replicas} "
-                          f"replicas: use a multiple of {replicas}")
-    # One pass writes one key per image of its full batches: the bank holds distinct images
-    # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
-    filled = (num_images // batch) * batch
-    if config["method"]["warmup_epochs"] > 0 and bank > filled:
-        raise data.DataError(
-            f"method.bank_size {bank} is larger than the data set at initialization: one pass "
-            f"fills {filled} rows from {num_images} images in batches of {batch}")
-    steps = num_images // batch
-    warmup = warmup_steps(config, steps)
-    if warmup >= config["train"]["epochs"] * steps:
-        raise ConfigError(f"the warm-up ({warmup} steps: method.warmup_epochs "
-                          f"{config['method']['warmup_epochs']}, method.warmup_min_steps "
-                          f"{config['method']['warmup_min_steps']}) must end before the run's "
-                          f"{config['train']['epochs'] * steps} steps")
 
 
 # Settings that change the schedules of a run in progress (learning rates, warm-up, EMA
@@ -171,8 +148,12 @@ def _run(config, folder, strategy, chief, verbose, stack):
     results = {"epochs": config["train"]["epochs"],
                "replicas": int(strategy.num_replicas_in_sync), "caco_tf": __version__}
     if held_out is not None and train.has_labels:
-        results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
-                                       strategy)
+        skipped = data.SkippedFiles()
+        results["knn_top1"] = knn.knn_of_backbone(
+            model.backbone, *knn_sets(config, views, train, held_out, skipped),
+            config["evaluation"]["knn_k"], config["evaluation"]["knn_temperature"],
+            strategy)["top1"]
+        skipped.report("kNN evaluation")
     if not chief:
         return {}
     # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model
@@ -215,78 +196,6 @@ def changes_since_backup(folder, config):
         return changed_settings(upgrade_saved_config(yaml.safe_load(handle) or {}), config)
 
 
-def online_probe_classes(config, train):
-    """The online probe's class count when ``evaluation.online_probe`` is on, else None.
-
-    The probe trains on the training images' labels: an unlabelled source is a ``ConfigError``.
-    """
-    if not config["evaluation"]["online_probe"]:
-        return None
-    if not train.has_labels:
-        raise ConfigError(f"evaluation.online_probe needs a labelled training source; "
-                          f"{config['data']['source']} has no labels")
-    classes = data.num_classes(train)
-    if classes < 2:
-        raise ConfigError(f"evaluation.online_probe needs at least 2 classes in the training "
-                          f"labels of {config['data']['source']}, found {classes}")
-    return classes
-
-
-def knn_monitor(config, views, train, held_out, strategy=None):
-    """The kNN monitor callback (training labels against the held-out split), or None.
-
-    None when ``evaluation.knn_monitor_every`` is 0 or the data has no labelled held-out split.
-    It reads bounded, class-balanced samples of both (``evaluation.knn_train_images``,
-    ``knn_test_images``), which every replica and worker of ``strategy`` share.
-    """
-    every = config["evaluation"]["knn_monitor_every"]
-    if not every or held_out is None or not train.has_labels:
-        return None
-    train_set, test_set = knn_sets(config, views, train, held_out)
-    return KNNMonitor(train_set, test_set, every=every, k=config["evaluation"]["knn_monitor_k"],
-                      temperature=config["evaluation"]["knn_monitor_temperature"],
-                      strategy=strategy)
-
-
-def knn_sets(config, views, train, held_out, skipped=None):
-    """``knn.EvalSet``s of the class-balanced samples of ``train`` and ``held_out`` that the
-    kNN evaluations read (``evaluation.knn_train_images``, ``knn_test_images``)."""
-    settings = config["evaluation"]
-    classes = data.num_classes(train, held_out)
-    sets = []
-    for source, count in ((train, settings["knn_train_images"]),
-                          (held_out, settings["knn_test_images"])):
-        chosen = data.balanced_subset(source, count, classes)
-
-        def make(shards, batch_size, chosen=chosen):
-            return data.eval_dataset(chosen, batch_size, views.normalize,
-                                     image_size=config["data"]["image_size"],
-                                     channels=config["data"]["channels"], skipped=skipped,
-                                     shards=shards)
-        sets.append(knn.EvalSet(make, len(chosen), settings["batch_size"]))
-    return tuple(sets)
-
-
-def health_sample(config, views, train):
-    """Batches of ``evaluation.health_images`` un-augmented training images, an even sample:
-    what ``HealthMonitor`` measures the effective ranks on (None when 0)."""
-    count = config["evaluation"]["health_images"]
-    if not count:
-        return None
-    every = max(1, len(train) // count)
-    return eval_dataset(config, views, train, every=every).take(
-        -(-count // config["evaluation"]["batch_size"]))
-
-
-def precise_bn(config, views, train):
-    """The ``PreciseBatchNorm`` callback of ``train.precise_bn_images``, or None (0: off)."""
-    count = config["train"]["precise_bn_images"]
-    if not count:
-        return None
-    every = max(1, len(train) // count)
-    return callbacks.PreciseBatchNorm(eval_dataset(config, views, train, every=every))
-
-
 def _loggers(folder):
     """What the chief writes every epoch: history, TensorBoard, the weights checkpoint."""
     return [callbacks.HistoryJSON(folder.history),
@@ -327,26 +236,3 @@ def _local_copy(model):
 def _is_distributed(model):
     return any(isinstance(getattr(v, "value", v), tf.distribute.DistributedValues)
                for v in model.weights)
-
-
-def eval_dataset(config, views, source, skipped=None, every=1):
-    """Normalized image batches of a source (with its labels if any), as evaluation sees
-    them; ``every``: every ``every``-th image only."""
-    return data.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
-                             image_size=config["data"]["image_size"],
-                             channels=config["data"]["channels"], skipped=skipped, every=every)
-
-
-def knn_top1(backbone, views, config, train, held_out, strategy=None):
-    """Held-out weighted kNN top-1 (%) against the training images, per the config: bounded,
-    class-balanced samples of both (``knn_sets``), shared by the replicas and workers of
-    ``strategy``."""
-    skipped = data.SkippedFiles()
-    train_set, test_set = knn_sets(config, views, train, held_out, skipped)
-    train_features, train_labels = knn.extract_features(backbone, train_set, strategy=strategy)
-    test_features, test_labels = knn.extract_features(backbone, test_set, strategy=strategy)
-    skipped.report("kNN evaluation")
-    accuracy = knn.knn_accuracy(
-        train_features, train_labels, test_features, test_labels,
-        k=config["evaluation"]["knn_k"], temperature=config["evaluation"]["knn_temperature"])
-    return 100.0 * accuracy

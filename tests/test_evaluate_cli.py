@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from caco_tf import build, pretrain
+from caco_tf import build
+from caco_tf.evaluation import knn
+from caco_tf.evaluation.monitor import knn_sets
 from caco_tf.cli import evaluate
 from caco_tf.evaluation import protocols
 from tiny_run import make_run
@@ -36,11 +38,14 @@ def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
     assert result["data"] == "tfds:mnist"  # the run's config.yaml source
     assert (result["train_images"], result["test_images"]) == (EXAMPLES, EXAMPLES)
     assert (result["k"], result["temperature"]) == (3, 0.07)  # the run's evaluation settings
-    # The same number as train.py's end-of-run kNN (pretrain.knn_top1) on the same model.
+    # The same number as train.py's end-of-run kNN (the same function, on its samples).
     run = build.load_run(run_dir)
     with tfds.testing.mock_data(num_examples=EXAMPLES):
         train, held_out = build.load_data(run.config)
-        expected = pretrain.knn_top1(run.model.backbone, run.views, run.config, train, held_out)
+        expected = knn.knn_of_backbone(
+            run.model.backbone, *knn_sets(run.config, run.views, train, held_out),
+            run.config["evaluation"]["knn_k"],
+            run.config["evaluation"]["knn_temperature"])["top1"]
     assert result["top1"] == pytest.approx(expected)
     assert result["top5"] >= result["top1"]
     assert out.strip().endswith(f"kNN top-1: {expected:.1f}%")

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from caco_tf.evaluation import knn as evaluation
-from caco_tf.evaluation.monitor import KNNMonitor
+from caco_tf.evaluation.monitor import KNNMonitor, knn_monitor
 from caco_tf.nets import backbones
 from caco_tf.training import callbacks
 from caco_tf.nets.layers import BatchNormalization
@@ -196,7 +196,7 @@ def test_pretraining_logs_the_knn_monitor(tmp_path):
     config = load_config(None, OVERRIDES + ["train.epochs=3", "evaluation.knn_monitor_every=2",
                                             "evaluation.knn_monitor_k=4"])
     with tfds.testing.mock_data(num_examples=48):
-        monitor = pretrain.knn_monitor(config, build.build_views(config),
+        monitor = knn_monitor(config, build.build_views(config),
                                        *build.load_data(config))
         assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
         pretrain.run(config, str(tmp_path / "run"), verbose=0)
@@ -204,7 +204,7 @@ def test_pretraining_logs_the_knn_monitor(tmp_path):
     assert ["knn_top1" in row for row in rows] == [False, True, True]
     assert all(0.0 <= row["knn_top1"] <= 100.0 for row in rows[1:])
     config["evaluation"]["knn_monitor_every"] = 0
-    assert pretrain.knn_monitor(config, None, None, None) is None
+    assert knn_monitor(config, None, None, None) is None
 
 
 def test_pretraining_saves_precise_batchnorm_statistics(tmp_path):
@@ -220,7 +220,7 @@ def test_pretraining_saves_precise_batchnorm_statistics(tmp_path):
         pretrain.run(config, str(tmp_path / "run"), verbose=0)
         run = build.load_run(str(tmp_path / "run"))
         train, _ = build.load_data(run.config)
-        every_other = pretrain.eval_dataset(run.config, run.views, train, every=2)
+        every_other = build.eval_dataset(run.config, run.views, train, every=2)
         assert sum(len(images) for images, _ in every_other) == 24
         norms = [layer for layer in run.model.backbone.layers
                  if isinstance(layer, keras.layers.BatchNormalization)]
@@ -257,7 +257,7 @@ def test_pretraining_with_the_online_probe(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=48):
         train, _ = build.load_data(config)
-        assert pretrain.online_probe_classes(config, train) == 10  # tfds:mnist's ClassLabel
+        assert build.online_probe_classes(config, train) == 10  # tfds:mnist's ClassLabel
         pretrain.run(config, run_dir, verbose=1)
         assert "probe_top1: " in capsys.readouterr().out  # the progress bar shows it
         rows = json.load(open(tmp_path / "run" / "history.json"))
@@ -296,4 +296,4 @@ def test_the_online_probe_needs_a_labelled_training_source(tmp_path):
     assert "\n" not in str(error.value)
     assert not (tmp_path / "run").exists()  # refused before anything is written
     config["evaluation"]["online_probe"] = False
-    assert pretrain.online_probe_classes(config, build.load_data(config)[0]) is None
+    assert build.online_probe_classes(config, build.load_data(config)[0]) is None

@@ -74,6 +74,22 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def checked_baseline(args):
+    """The baseline the flags ask for ("", "pixels" or "untrained"), once the numbers are
+    checked; a ``ConfigError`` line otherwise."""
+    from caco_tf.errors import ConfigError
+
+    if args.pixels and args.untrained:
+        raise ConfigError("--pixels and --untrained are two baselines: choose one")
+    for name in ("epochs", "batch_size", "k", "temperature", "lr"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.l2_folds < 2:
+        raise ConfigError(f"--l2-folds must be at least 2, got {args.l2_folds}")
+    return "pixels" if args.pixels else "untrained" if args.untrained else ""
+
+
 def main(argv=None):
     args = parse_args(argv)
     cli.start(["--verbose"] if args.verbose else [])
@@ -81,10 +97,18 @@ def main(argv=None):
     def work():
         from caco_tf.evaluation import protocols
 
-        result = protocols.evaluate(args)
+        baseline = checked_baseline(args)
+        linear = {} if args.protocol == "knn" else dict(
+            epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+            momentum=args.momentum, weight_decay=args.weight_decay, augment=args.augment,
+            batchnorm=not args.no_standardize, verbose=2 if args.verbose else 0,
+            l2=protocols.l2_setting(args.l2, args.augment), l2_folds=args.l2_folds)
+        result = protocols.evaluate(args.protocol, run=args.run, data=args.data,
+                                    held_out=args.held_out, baseline=baseline, seed=args.seed,
+                                    k=args.k, temperature=args.temperature, **linear)
         print(protocols.format_table(result))
         path = args.json or protocols.default_json_path(args.run, args.protocol, args.data,
-                                                        protocols.baseline_name(args))
+                                                        baseline)
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "w") as handle:

@@ -151,6 +151,25 @@ def knn_accuracy(train_features, train_labels, test_features, test_labels, k=5,
     return float(np.mean(predicted == np.asarray(test_labels)))
 
 
+def knn_of_backbone(backbone, train_data, test_data, k, temperature, strategy=None,
+                    num_classes=None):
+    """Weighted kNN of a backbone: each held-out image of ``test_data`` is voted for by its k
+    nearest training images of ``train_data`` (cosine of L2-normalized features).
+
+    ``train_data``, ``test_data``: batches of (normalized images, labels), or ``EvalSet``s that
+    the replicas and workers of ``strategy`` share.  Returns {"top1", "top5" (%),
+    "train_images", "test_images"}: what the end of training, the monitor and
+    ``caco-evaluate knn`` report.
+    """
+    train_features, train_labels = extract_features(backbone, train_data, strategy=strategy)
+    test_features, test_labels = extract_features(backbone, test_data, strategy=strategy)
+    votes = knn_votes(train_features, train_labels, test_features, k, temperature,
+                      num_classes=num_classes)
+    return {"top1": 100.0 * top_k_accuracy(votes, test_labels, 1),
+            "top5": 100.0 * top_k_accuracy(votes, test_labels, 5),
+            "train_images": len(train_labels), "test_images": len(test_labels)}
+
+
 def top_k_accuracy(scores, labels, k):
     """Fraction of rows whose label is among their k highest scores (ties: lower index first)."""
     k = min(int(k), scores.shape[-1])

@@ -1,7 +1,9 @@
-"""The kNN monitor: weighted kNN top-1 of the backbone's features during pre-training."""
+"""The kNN monitor: weighted kNN top-1 of the backbone's features during pre-training, and the
+labelled samples every kNN of a run reads (the monitor's and the end of training's)."""
 
 import keras
 
+from caco_tf import data
 from caco_tf.evaluation import knn
 
 
@@ -45,10 +47,40 @@ class KNNMonitor(keras.callbacks.Callback):
 
     def measure(self):
         """The kNN top-1 (%) of the current backbone."""
-        backbone = self.backbone or self.model.backbone
-        train_features, train_labels = knn.extract_features(backbone, self.train_data,
-                                                            strategy=self.strategy)
-        test_features, test_labels = knn.extract_features(backbone, self.test_data,
-                                                          strategy=self.strategy)
-        return 100.0 * knn.knn_accuracy(train_features, train_labels, test_features,
-                                        test_labels, self.k, self.temperature)
+        return knn.knn_of_backbone(self.backbone or self.model.backbone, self.train_data,
+                                   self.test_data, self.k, self.temperature,
+                                   strategy=self.strategy)["top1"]
+
+
+def knn_monitor(config, views, train, held_out, strategy=None):
+    """The run's ``KNNMonitor`` (training labels against the held-out split), or None.
+
+    None when ``evaluation.knn_monitor_every`` is 0 or the data has no labelled held-out split.
+    It reads ``knn_sets``, which every replica and worker of ``strategy`` share.
+    """
+    every = config["evaluation"]["knn_monitor_every"]
+    if not every or held_out is None or not train.has_labels:
+        return None
+    train_set, test_set = knn_sets(config, views, train, held_out)
+    return KNNMonitor(train_set, test_set, every=every, k=config["evaluation"]["knn_monitor_k"],
+                      temperature=config["evaluation"]["knn_monitor_temperature"],
+                      strategy=strategy)
+
+
+def knn_sets(config, views, train, held_out, skipped=None):
+    """``knn.EvalSet``s of the class-balanced samples of ``train`` and ``held_out`` that every
+    kNN of a run reads (``evaluation.knn_train_images``, ``knn_test_images``)."""
+    settings = config["evaluation"]
+    classes = data.num_classes(train, held_out)
+    sets = []
+    for source, count in ((train, settings["knn_train_images"]),
+                          (held_out, settings["knn_test_images"])):
+        chosen = data.balanced_subset(source, count, classes)
+
+        def make(shards, batch_size, chosen=chosen):
+            return data.eval_dataset(chosen, batch_size, views.normalize,
+                                     image_size=config["data"]["image_size"],
+                                     channels=config["data"]["channels"], skipped=skipped,
+                                     shards=shards)
+        sets.append(knn.EvalSet(make, len(chosen), settings["batch_size"]))
+    return tuple(sets)

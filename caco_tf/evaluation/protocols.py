@@ -78,16 +78,11 @@ def preprocessing_for(config, pixels=False):
 
 def knn(backbone, labelled, preprocessing, k, temperature, batch_size=500):
     """Weighted kNN top-1 and top-5 (%) of ``labelled.test`` against ``labelled.train``."""
-    (train_features, train_labels), (test_features, test_labels) = (
-        knn_lib.extract_features(backbone, linear.eval_batches(source, preprocessing,
-                                                                  batch_size))
-        for source in (labelled.train, labelled.test))
-    votes = knn_lib.knn_votes(train_features, train_labels, test_features, k, temperature,
-                                 num_classes=labelled.num_classes)
-    return {"top1": 100.0 * knn_lib.top_k_accuracy(votes, test_labels, 1),
-            "top5": 100.0 * knn_lib.top_k_accuracy(votes, test_labels, 5),
-            "train_images": len(train_labels), "test_images": len(test_labels),
-            "k": int(k), "temperature": float(temperature)}
+    result = knn_lib.knn_of_backbone(
+        backbone, *(linear.eval_batches(source, preprocessing, batch_size)
+                    for source in (labelled.train, labelled.test)),
+        k, temperature, num_classes=labelled.num_classes)
+    return {**result, "k": int(k), "temperature": float(temperature)}
 
 
 def default_json_path(run_dir, protocol, spec, baseline=""):
@@ -100,11 +95,6 @@ def default_json_path(run_dir, protocol, spec, baseline=""):
     suffix = "" if spec is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", spec)
     baseline = f"_{baseline}" if baseline else ""
     return RunFolder(run_dir).evaluation_record(f"{protocol}{baseline}{suffix}")
-
-
-def baseline_name(args):
-    """"pixels", "untrained" or "" (the run's trained backbone), from the CLI's flags."""
-    return "pixels" if args.pixels else "untrained" if getattr(args, "untrained", False) else ""
 
 
 def untrained_backbone(config, seed):
@@ -148,49 +138,42 @@ def l2_setting(text, augment):
     return value
 
 
-def evaluate(args):
-    """Run the protocol ``args`` ask for; returns the result dict (also what the JSON holds)."""
-    untrained = getattr(args, "untrained", False)
-    if args.run is None and not args.pixels:
+def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, k=None,
+             temperature=None, **linear_settings):
+    """Run ``protocol`` (``knn`` or ``linear``) on a frozen backbone; returns the result dict
+    (also what ``caco-evaluate``'s JSON holds).
+
+    ``run``: a run folder or ``.keras`` file (its backbone, configuration and data); ``data``,
+    ``held_out``: labelled sources instead of the run's own (``load_labelled_data``);
+    ``baseline``: "" (the run's trained backbone), "pixels" (raw pixels; ``run`` optional) or
+    "untrained" (the run's network with fresh weights seeded by ``seed``); ``k``,
+    ``temperature``: the kNN's (default: the run's ``evaluation`` settings); the rest:
+    ``linear.linear_evaluation``'s arguments.
+    """
+    if run is None and baseline != "pixels":
         raise ConfigError("--run RUN_DIR is required (or --pixels for the raw-pixel baseline)")
-    if args.pixels and untrained:
-        raise ConfigError("--pixels and --untrained are two baselines: choose one")
-    for name in ("epochs", "batch_size", "k", "temperature", "lr"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if args.l2_folds < 2:
-        raise ConfigError(f"--l2-folds must be at least 2, got {args.l2_folds}")
-    l2 = l2_setting(args.l2, args.augment)
-    held_out = getattr(args, "held_out", None)
     if held_out and not RULES["data.held_out"].check(held_out):
         raise ConfigError(f"--held-out must be {RULES['data.held_out'].allowed}, got "
                           f"{held_out!r}")
-    run = load_run(args.run) if args.run else None
-    config = run.config if run else DEFAULTS
-    labelled = load_labelled_data(args.data, config, getattr(args, "held_out", None))
-    preprocessing = preprocessing_for(config, pixels=args.pixels)
-    if args.pixels:
+    loaded = load_run(run) if run else None
+    config = loaded.config if loaded else DEFAULTS
+    labelled = load_labelled_data(data, config, held_out)
+    preprocessing = preprocessing_for(config, pixels=baseline == "pixels")
+    if baseline == "pixels":
         backbone, encoder = linear.pixels_backbone(preprocessing), "raw pixels"
-    elif untrained:
-        backbone = untrained_backbone(config, args.seed)
-        encoder = (f"untrained {config['model']['backbone']} (seed {args.seed}) of "
-                   f"{os.path.abspath(args.run)}")
+    elif baseline == "untrained":
+        backbone = untrained_backbone(config, seed)
+        encoder = (f"untrained {config['model']['backbone']} (seed {seed}) of "
+                   f"{os.path.abspath(run)}")
     else:
-        backbone, encoder = run.model.backbone, os.path.abspath(args.run)
-    if args.protocol == "knn":
-        result = knn(backbone, labelled, preprocessing,
-                     args.k or config["evaluation"]["knn_k"],
-                     args.temperature or config["evaluation"]["knn_temperature"],
+        backbone, encoder = loaded.model.backbone, os.path.abspath(run)
+    if protocol == "knn":
+        result = knn(backbone, labelled, preprocessing, k or config["evaluation"]["knn_k"],
+                     temperature or config["evaluation"]["knn_temperature"],
                      config["evaluation"]["batch_size"])
     else:
         result = linear.linear_evaluation(
             backbone, labelled.train, labelled.test, labelled.num_classes, preprocessing,
-            epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
-            momentum=args.momentum, weight_decay=args.weight_decay, augment=args.augment,
-            batchnorm=not args.no_standardize, seed=args.seed,
-            verbose=2 if args.verbose else 0, l2=l2, l2_folds=args.l2_folds)
-    return {"protocol": args.protocol, "encoder": encoder, "data": labelled.name,
+            seed=seed, **linear_settings)
+    return {"protocol": protocol, "encoder": encoder, "data": labelled.name,
             "classes": labelled.num_classes, **result}
-
-

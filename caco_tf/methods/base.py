@@ -35,7 +35,6 @@ import keras
 import tensorflow as tf
 
 from caco_tf import health, losses
-from caco_tf.errors import DataError
 from caco_tf.methods.memory_bank import MemoryBank
 from caco_tf.methods.momentum_encoder import MomentumEncoder, build_encoder
 from caco_tf.training import distribute
@@ -277,8 +276,9 @@ class ContrastiveMethod(keras.Model):
 
     # Keras' fit builds a model symbolically on a data batch before the first step.  Every
     # variable here exists from __init__/compile, so there is nothing to build; and the build
-    # reduces a batch eagerly, which fails under MultiWorkerMirroredStrategy
-    # (keras-team/keras#20585): tests/test_distributed.py's multi-worker runs fail without this.
+    # converts the distributed batch eagerly, which under MultiWorkerMirroredStrategy fails
+    # ("Attempt to convert a value (PerReplica...) with an unsupported type to a Tensor",
+    # keras-team/keras#20585): tests/test_distributed.py's multi-worker tests fail without this.
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         return
 
@@ -334,7 +334,7 @@ class ContrastiveMethod(keras.Model):
         ``tf.data.Dataset`` is used as it comes (its own shuffle), so ``shuffle`` defaults to
         False for it, sparing Keras' warning that it would ignore ``shuffle=True``.
         """
-        check_replica_shares(x, self.distribute_strategy.num_replicas_in_sync)
+        distribute.check_replica_shares(x, self.distribute_strategy.num_replicas_in_sync)
         if isinstance(x, tf.data.Dataset) and len(args) < 7:  # shuffle is fit's 8th parameter
             kwargs.setdefault("shuffle", False)
         return super().fit(x, *args, **kwargs)
@@ -524,39 +524,13 @@ class ContrastiveMethod(keras.Model):
         """Mean in-batch InfoNCE of this replica's queries against the global batch's keys."""
         return tf.reduce_mean(losses.batch_infonce_loss(
             queries, positives, distribute.all_gather(keys), self.temperature,
-            offset=replica_offset(tf.shape(queries)[0])))
+            offset=distribute.replica_offset(tf.shape(queries)[0])))
 
     def _moco_loss(self, query1, query2, key1, key2, bank):
         """The other view's key against every (normalized) bank row, both views."""
         bank_unit = losses.l2_normalize(bank)
         return (tf.reduce_mean(losses.moco_loss(query1, key2, bank_unit, self.temperature))
                 + tf.reduce_mean(losses.moco_loss(query2, key1, bank_unit, self.temperature)))
-
-
-def check_replica_shares(data, replicas):
-    """A one-line ``DataError`` when ``data`` (what ``fit`` is given) has batches that
-    ``replicas`` replicas cannot share equally, or whose size is unknown."""
-    if replicas <= 1 or not isinstance(data, tf.data.Dataset):
-        return
-    spec = data.element_spec
-    while isinstance(spec, (tuple, list, dict)):  # the first view's batch dimension
-        spec = list(spec.values())[0] if isinstance(spec, dict) else spec[0]
-    batch = spec.shape[0] if spec.shape.rank else None
-    if batch is None:
-        raise DataError(f"under {replicas} replicas every batch must split evenly, and this "
-                        f"dataset's batches are of unknown size: batch it with "
-                        f"drop_remainder=True and a multiple of {replicas} images")
-    if batch % replicas:
-        raise DataError(f"under {replicas} replicas every batch must split evenly: batches "
-                        f"of {batch} images do not; use a multiple of {replicas}")
-
-
-def replica_offset(local_count):
-    """This replica's first row in a global batch gathered with ``distribute.all_gather``."""
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return 0
-    return tf.cast(context.replica_id_in_sync_group, tf.int32) * tf.cast(local_count, tf.int32)
 
 
 def _views(data):

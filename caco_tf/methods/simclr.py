@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.base import ContrastiveMethod, replica_offset
+from caco_tf.methods.base import ContrastiveMethod
 from caco_tf.training import distribute
 
 
@@ -21,6 +21,6 @@ class SimCLR(ContrastiveMethod):
         embeddings = tf.concat([query1, query2], axis=0)
         per_anchor = losses.nt_xent_loss(
             embeddings, self.temperature, distribute.all_gather(embeddings),
-            offset=replica_offset(tf.shape(embeddings)[0]))
+            offset=distribute.replica_offset(tf.shape(embeddings)[0]))
         count = tf.shape(query1)[0]
         return tf.reduce_mean(per_anchor[:count]) + tf.reduce_mean(per_anchor[count:])

@@ -4,13 +4,15 @@ Keras' optimizer updates the encoder under ``tf.distribute``; the bank, its mome
 pointer and the key encoder are assigned by the model itself.  Assigning a mirrored variable from
 a replica needs a merge into cross-replica context; these helpers do that the way Keras'
 ``TFOptimizer`` does, so the same step runs on one device, on MirroredStrategy and on
-MultiWorkerMirroredStrategy.
+MultiWorkerMirroredStrategy.  Also: the global batch's gathers and each replica's share of it.
 """
 
 import os
 
 import keras
 import tensorflow as tf
+
+from caco_tf.errors import DataError
 
 
 def _tf_variable(variable):
@@ -147,3 +149,29 @@ def reducible(logs):
     if not is_multi_worker():
         return logs
     return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+
+
+def check_replica_shares(data, replicas):
+    """A one-line ``DataError`` when ``data`` (what ``fit`` is given) has batches that
+    ``replicas`` replicas cannot share equally, or whose size is unknown."""
+    if replicas <= 1 or not isinstance(data, tf.data.Dataset):
+        return
+    spec = data.element_spec
+    while isinstance(spec, (tuple, list, dict)):  # the first view's batch dimension
+        spec = list(spec.values())[0] if isinstance(spec, dict) else spec[0]
+    batch = spec.shape[0] if spec.shape.rank else None
+    if batch is None:
+        raise DataError(f"under {replicas} replicas every batch must split evenly, and this "
+                        f"dataset's batches are of unknown size: batch it with "
+                        f"drop_remainder=True and a multiple of {replicas} images")
+    if batch % replicas:
+        raise DataError(f"under {replicas} replicas every batch must split evenly: batches "
+                        f"of {batch} images do not; use a multiple of {replicas}")
+
+
+def replica_offset(local_count):
+    """This replica's first row in a global batch gathered with ``distribute.all_gather``."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return 0
+    return tf.cast(context.replica_id_in_sync_group, tf.int32) * tf.cast(local_count, tf.int32)
