@@ -260,3 +260,19 @@ def test_export_entry_point_rebuilds_the_run(finished_run, tmp_path):
                               str(tmp_path / "nothing")], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "error: no config.yaml in " in missing.stderr
+
+
+def test_the_progress_bar_shows_the_short_list_only(capsys):
+    from caco_tf.training.callbacks import ProgressBar
+
+    bar = ProgressBar()
+    bar.set_params({"epochs": 1, "steps": 2, "verbose": 1})
+    logs = {"loss": 1.5, "mpp_prob": 0.25, "alignment": 0.75, "bank_norm": 3.0}
+    bar.on_train_begin()
+    bar.on_epoch_begin(0)
+    for step in range(2):
+        bar.on_train_batch_end(step, dict(logs))
+    bar.on_epoch_end(0, dict(logs))
+    shown = capsys.readouterr().out
+    assert "loss: 1.5" in shown and "mpp_prob: 0.25" in shown
+    assert "alignment" not in shown and "bank_norm" not in shown

@@ -363,7 +363,7 @@ class ContrastiveMethod(keras.Model):
         self._descend(tape, queries, contrast.query_gradient)
 
         # 4. The key encoder follows the query encoder.
-        if self.key_encoder is not None:
+        if self.uses_key_encoder:
             self.key_encoder.follow(self.query_encoder, step)
 
         self._track(contrast, learning_rate)
@@ -415,7 +415,7 @@ class ContrastiveMethod(keras.Model):
     def contrast(self, queries, keys, step):
         """Step 2 from the two hooks: ``contrastive_loss`` and its gradient with respect to the
         queries, then ``update_bank``.  Returns a ``Contrast``."""
-        bank = self.memory_bank.read() if self.memory_bank is not None else None
+        bank = self.memory_bank.read() if self.uses_bank else None
         with tf.GradientTape() as tape:
             tape.watch(queries)
             query1, query2 = tf.split(queries, 2)
@@ -429,7 +429,7 @@ class ContrastiveMethod(keras.Model):
         """(The loss, the method's diagnostics) without any update."""
         query1, query2 = tf.split(queries, 2)
         key2, key1 = tf.split(keys, 2) if keys is not None else (None, None)
-        bank = self.memory_bank.read() if self.memory_bank is not None else None
+        bank = self.memory_bank.read() if self.uses_bank else None
         return self.contrastive_loss(query1, query2, key1, key2, bank), None
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
@@ -438,7 +438,7 @@ class ContrastiveMethod(keras.Model):
         raise NotImplementedError
 
     def update_bank(self, query1, query2, key1, key2, bank, step):
-        """The bank's step after the encoder's; returns the bank learning rate used (0: none)."""
+        """The bank's step from the pre-step ``bank``; returns its learning rate (0: none)."""
         return tf.constant(0.0)
 
     def _warmup_diagnostics(self, query1, query2, key1, key2, bank):
@@ -454,8 +454,9 @@ class ContrastiveMethod(keras.Model):
         return distribute.reducible(logs)
 
     def _keys(self, view1, view2, training):
-        """The key encoder's keys stacked [k²; k¹] (None without a key encoder)."""
-        if self.key_encoder is None:
+        """The key encoder's keys stacked [k²; k¹] (None for a method without keys, whose key
+        encoder, if any, serves its warm-up only)."""
+        if not self.uses_key_encoder:
             return None
         key1 = self.key_encoder(view1, training=training)
         key2 = self.key_encoder(view2, training=training)

@@ -217,11 +217,11 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
     SHOWN = ("loss", "mpp_prob", "mpp_usage", "probe_top1", "knn_top1", "rank_embedding",
              "images_per_s", "data_wait")
 
-    def _update_progbar(self, batch, logs=None):
-        super()._update_progbar(batch, self._shown(logs))
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, self._shown(logs))
 
-    def _finalize_progbar(self, logs):
-        super()._finalize_progbar(self._shown(logs))
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, self._shown(logs))
 
     def _shown(self, logs):
         return {key: logs[key] for key in self.SHOWN if key in (logs or {})}
