@@ -47,7 +47,7 @@ _API = {
     "build_views": "caco_tf.build",
     "load_data": "caco_tf.build",
     "load_run": "caco_tf.build",
-    "knn_top1": "caco_tf.pretrain",
+    "knn_top1": "caco_tf.evaluation.monitor",
     "load_source": "caco_tf.data.sources",
     "pretrain_dataset": "caco_tf.data.pipeline",
     "eval_dataset": "caco_tf.data.pipeline",

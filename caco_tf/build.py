@@ -110,7 +110,8 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
             optimizer=train["optimizer"], learning_rate=train["learning_rate"],
             weight_decay=train["weight_decay"], momentum=train["momentum"]),
-        jit_compile=use_xla(train["jit_compile"], num_replicas))
+        jit_compile=use_xla(train["jit_compile"], num_replicas),
+        steps_per_execution=train["steps_per_execution"])
     return model
 
 

@@ -13,8 +13,7 @@ import yaml
 from caco_tf import __version__, data
 from caco_tf.build import (build_model, build_views, check_sizes, health_sample, load_data,
                            online_probe_classes, precise_bn)
-from caco_tf.evaluation import knn
-from caco_tf.evaluation.monitor import knn_monitor, knn_sets
+from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
 from caco_tf.training import callbacks, distribute, interrupts, peers
 from caco_tf.training.interrupts import Interrupted
@@ -148,12 +147,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
     results = {"epochs": config["train"]["epochs"],
                "replicas": int(strategy.num_replicas_in_sync), "caco_tf": __version__}
     if held_out is not None and train.has_labels:
-        skipped = data.SkippedFiles()
-        results["knn_top1"] = knn.knn_of_backbone(
-            model.backbone, *knn_sets(config, views, train, held_out, skipped),
-            config["evaluation"]["knn_k"], config["evaluation"]["knn_temperature"],
-            strategy)["top1"]
-        skipped.report("kNN evaluation")
+        results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
+                                       strategy)
     if not chief:
         return {}
     # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model

@@ -10,8 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from caco_tf import build
-from caco_tf.evaluation import knn
-from caco_tf.evaluation.monitor import knn_sets
+from caco_tf.evaluation.monitor import knn_top1
 from caco_tf.cli import evaluate
 from caco_tf.evaluation import protocols
 from tiny_run import make_run
@@ -42,10 +41,7 @@ def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
     run = build.load_run(run_dir)
     with tfds.testing.mock_data(num_examples=EXAMPLES):
         train, held_out = build.load_data(run.config)
-        expected = knn.knn_of_backbone(
-            run.model.backbone, *knn_sets(run.config, run.views, train, held_out),
-            run.config["evaluation"]["knn_k"],
-            run.config["evaluation"]["knn_temperature"])["top1"]
+        expected = knn_top1(run.model.backbone, run.views, run.config, train, held_out)
     assert result["top1"] == pytest.approx(expected)
     assert result["top5"] >= result["top1"]
     assert out.strip().endswith(f"kNN top-1: {expected:.1f}%")

@@ -15,7 +15,8 @@ from caco_tf.methods import CaCo
 BATCH, BANK, SIZE = 8, 32, 12
 
 
-def tiny_caco(warmup_steps=0, bank_learning_rate=0.5, key_momentum=0.9, sync=False):
+def tiny_caco(warmup_steps=0, bank_learning_rate=0.5, key_momentum=0.9, sync=False,
+              steps_per_execution=1):
     keras.utils.set_random_seed(0)
     backbone = keras.Sequential([
         keras.Input((SIZE, SIZE, 1)),
@@ -27,7 +28,8 @@ def tiny_caco(warmup_steps=0, bank_learning_rate=0.5, key_momentum=0.9, sync=Fal
     model = CaCo(backbone, projector, bank_size=BANK, temperature=0.1, bank_temperature=0.2,
                  bank_learning_rate=bank_learning_rate, bank_momentum=0.9,
                  key_momentum=key_momentum, warmup_steps=warmup_steps)
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  steps_per_execution=steps_per_execution)
     return model
 
 
@@ -111,14 +113,34 @@ def test_warmup_fills_the_bank_with_keys_then_resyncs():
         (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])))
     model.fit(dataset.take(4), epochs=1, verbose=0)
     # 4 steps × 8 keys = 32 rows: every row is now a (unit) key embedding.
-    np.testing.assert_allclose(np.linalg.norm(model.memory_bank.rows.numpy(), axis=-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(model.memory_bank.rows.numpy(), axis=-1), 1.0,
+                               rtol=1e-5)
     assert int(model.memory_bank.pointer.numpy()) == 0
-    assert not model._bank_ready
+    assert model.train_function.warming_up
     # The first CaCo step re-syncs the key encoder to the query encoder before stepping, so
     # afterwards key = m·query_before + (1-m)·query_after.
     query_before = model.query_encoder.trainable_variables[0].numpy()
     model.fit(dataset.skip(4), epochs=1, verbose=0)
     query_after = model.query_encoder.trainable_variables[0].numpy()
-    assert model._bank_ready
+    assert not model.train_function.warming_up
     np.testing.assert_allclose(model.key_encoder.trainable_variables[0].numpy(),
                                0.9 * query_before + 0.1 * query_after, rtol=1e-5, atol=1e-7)
+
+
+def test_steps_per_execution_runs_the_same_steps():
+    """One step per call (from Python) and 4 per call (one compiled loop) train alike: the
+    warm-up ends inside a call (step 5), epochs of 6 steps end with a short call, and the
+    resync happens at its step."""
+    batches = [views(seed) for seed in range(12)]
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches]))).repeat()
+    trained = []
+    for per_call in (1, 4):
+        model = tiny_caco(warmup_steps=5, steps_per_execution=per_call)
+        history = model.fit(dataset, epochs=2, steps_per_epoch=6, verbose=0)
+        assert int(model.optimizer.iterations.numpy()) == 12
+        assert model.input_wait > 0.0  # measured in either way
+        trained.append(([w.numpy() for w in model.weights], history.history["loss"]))
+    for one, four in zip(*(weights for weights, _ in trained)):
+        np.testing.assert_array_equal(one, four)
+    assert trained[0][1] == trained[1][1]  # the epochs' logged losses too

@@ -140,22 +140,25 @@ def assert_same_run(run_dir, reference_dir):
     resumed = _weights(os.path.join(run_dir, "checkpoints", "last.weights.h5"))
     uninterrupted = _weights(os.path.join(reference_dir, "checkpoints", "last.weights.h5"))
     assert resumed.keys() == uninterrupted.keys()
-    assert resumed["vars/0"].shape == resumed["vars/1"].shape == (128, 32)  # bank, momentum
+    bank = "layers/memory_bank/vars/"
+    assert resumed[bank + "0"].shape == resumed[bank + "1"].shape == (128, 32)  # and momentum
     for name in uninterrupted:
         np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
 
 
-@pytest.mark.parametrize("name,status", [("TERM", 143), ("INT", 130)])
+@pytest.mark.parametrize("name,status,per_call", [("TERM", 143, 1), ("INT", 130, 2)])
 def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
-        small_data, finished_run, tmp_path, name, status):
+        small_data, finished_run, tmp_path, name, status, per_call):
     """SIGTERM (a preemption) or SIGINT (Ctrl-C) after step 6, inside epoch 2: the step ends,
     the state is saved with the stream's position, one line says so, the exit status is
-    128 + the signal; the same command then ends as the uninterrupted run, bit for bit."""
+    128 + the signal; the same command then ends as the uninterrupted run, bit for bit (also
+    when the stopped run took 2 steps per compiled call: train.steps_per_execution)."""
     config = small_config(tmp_path, small_data)
     run_dir = str(tmp_path / "run")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     stopped = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "stop_at_step.py"),
-                              "6", name, "--config", config, "--run-dir", run_dir, "--quiet"],
+                              "6", name, "--config", config, "--run-dir", run_dir, "--quiet",
+                              "--set", f"train.steps_per_execution={per_call}"],
                              cwd=str(tmp_path), env=env, capture_output=True, text=True,
                              timeout=300)
     assert stopped.returncode == status, stopped.stderr[-2000:]

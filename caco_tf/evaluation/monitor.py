@@ -84,3 +84,15 @@ def knn_sets(config, views, train, held_out, skipped=None):
                                      shards=shards)
         sets.append(knn.EvalSet(make, len(chosen), settings["batch_size"]))
     return tuple(sets)
+
+
+def knn_top1(backbone, views, config, train, held_out, strategy=None):
+    """The held-out weighted kNN top-1 (%) of ``backbone`` per the configuration
+    (``evaluation.knn_k``, ``knn_temperature``) on the samples of ``knn_sets``: the number
+    ``train.py`` reports at the end of a run."""
+    skipped = data.SkippedFiles()
+    result = knn.knn_of_backbone(
+        backbone, *knn_sets(config, views, train, held_out, skipped),
+        config["evaluation"]["knn_k"], config["evaluation"]["knn_temperature"], strategy)
+    skipped.report("kNN evaluation")
+    return result["top1"]

@@ -29,7 +29,6 @@ embeddings, as the CaCo reference does; the key encoder is then re-synced to the
 
 import collections
 import math
-import time
 
 import keras
 import tensorflow as tf
@@ -37,7 +36,7 @@ import tensorflow as tf
 from caco_tf import health, losses
 from caco_tf.methods.memory_bank import MemoryBank
 from caco_tf.methods.momentum_encoder import MomentumEncoder, build_encoder
-from caco_tf.training import distribute
+from caco_tf.training import distribute, steps
 
 # What step 2 gives: the loss, d loss / d queries (None in evaluation), the bank's learning rate
 # this step (0: no bank step) and the method's diagnostics (CaCo: ``bank.BankStatistics``).
@@ -137,7 +136,6 @@ class ContrastiveMethod(keras.Model):
         # Health without labels (caco_tf.health): the two views' embeddings, batch by batch.
         self.alignment_tracker = keras.metrics.Mean(name="alignment")
         self.uniformity_tracker = keras.metrics.Mean(name="uniformity")
-        self._bank_ready = self.warmup_steps == 0
         self.input_wait = 0.0  # seconds the steps waited for their batches (a data stall)
         self.waiting_for_input = False
 
@@ -287,43 +285,17 @@ class ContrastiveMethod(keras.Model):
         return self.query_encoder(images, training=training)
 
     def make_train_function(self, force=False):
-        """The warm-up pass and the method's steps are two graphs; pick by the optimizer's step.
-
-        Keras looks ``train_function`` up at every step, so the switch happens mid-``fit`` and
-        after a resume (the step counter is part of every checkpoint).  Each batch is taken
-        from the input pipeline here, outside the compiled step, so that the time the step
-        waits for it is measured (``input_wait``; ``callbacks.Throughput`` reports its share).
-        """
+        """The warm-up pass, then the method's steps, ``steps_per_execution`` of them per call
+        in one compiled loop that takes its batches itself (``training.steps.TrainFunction``:
+        the phase by the optimizer's step, the resync at the warm-up's end, the time the steps
+        wait for their batches)."""
         if self.train_function is not None and not force:
             return self.train_function
-        warmup_function = self._make_function(self.warmup_step)
-        method_function = self._make_function(self.train_step)
-
-        def train_function(iterator):
-            iterator = iter(iterator)  # train_on_batch hands a list of one batch
-            logs = None
-            for _ in range(self.steps_per_execution):
-                start = time.perf_counter()
-                self.waiting_for_input = True  # read by peers.StuckPeerWatchdog
-                batch = next(iterator)
-                self.waiting_for_input = False
-                self.input_wait += time.perf_counter() - start
-                logs = self._step_function()([batch])
-            return logs
-
-        def step_function():
-            if not self._bank_ready:
-                step = int(self.optimizer.iterations.numpy())
-                if step < self.warmup_steps:
-                    return warmup_function
-                if step == self.warmup_steps and self.resync_after_warmup:
-                    self.key_encoder.sync(self.query_encoder)
-                self._bank_ready = True
-            return method_function
-
-        self._step_function = step_function
-        self.train_function = train_function
-        return train_function
+        self.train_function = steps.TrainFunction(
+            self, self.warmup_step, self.train_step, self.warmup_steps,
+            at_warmup_end=(lambda: self.key_encoder.sync(self.query_encoder))
+            if self.resync_after_warmup else None)
+        return self.train_function
 
     def fit(self, x=None, *args, **kwargs):
         """``keras.Model.fit``, refusing batches that several replicas cannot share equally.
@@ -337,6 +309,9 @@ class ContrastiveMethod(keras.Model):
         distribute.check_replica_shares(x, self.distribute_strategy.num_replicas_in_sync)
         if isinstance(x, tf.data.Dataset) and len(args) < 7:  # shuffle is fit's 8th parameter
             kwargs.setdefault("shuffle", False)
+        self.make_train_function()
+        # The compiled loop ends its calls at the epochs' ends when it knows them.
+        self.train_function.steps_per_epoch = kwargs.get("steps_per_epoch")
         return super().fit(x, *args, **kwargs)
 
     # ------------------------------------------------------------------ the steps

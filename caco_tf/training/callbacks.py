@@ -115,12 +115,14 @@ class Resume(keras.callbacks.Callback):
         self._saved_at = time.monotonic()
 
     def _pass_over(self, steps):
-        """Make the first ``steps`` train-function calls return at once: the resumed epoch's
-        steps done before the stop (the input stream starts after them)."""
+        """Make the train function's first calls return at once for the resumed epoch's
+        ``steps`` done before the stop (the input stream starts after them): as many calls
+        as whole ``steps_per_execution`` fit in them; the next call runs the rest of its share
+        (``steps.TrainFunction`` aligns its calls by the step counter)."""
         train_function, remaining = self.model.train_function, [steps]
 
         def resumed(iterator):
-            if remaining[0] > 0:
+            if remaining[0] >= self.model.steps_per_execution:
                 remaining[0] -= self.model.steps_per_execution
                 return {}
             self.model.train_function = train_function
@@ -218,6 +220,10 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
              "images_per_s", "data_wait")
 
     def on_train_batch_end(self, batch, logs=None):
+        # Keras numbers a call by its last step as if it ran steps_per_execution steps; the
+        # epoch's last call may run fewer (steps.TrainFunction ends it at the epoch's end).
+        if self.target:  # the steps of an epoch (ProgbarLogger.set_params)
+            batch = min(batch, self.target - 1)
         super().on_train_batch_end(batch, self._shown(logs))
 
     def on_epoch_end(self, epoch, logs=None):
@@ -241,13 +247,18 @@ class Throughput(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start, self._steps = time.perf_counter(), 0
+        self._first = self._iterations()
         self.model.input_wait = 0.0
 
+    def _iterations(self):
+        return int(self.model.optimizer.iterations.numpy())
+
     def on_train_batch_end(self, batch, logs=None):
-        if not logs:  # a step a resume passed over: the clock starts after it
+        if not logs:  # steps a resume passed over: the clock starts after them
             self._start = time.perf_counter()
             return
-        self._last, self._steps = time.perf_counter(), self._steps + 1
+        # A call runs up to steps_per_execution steps: count them by the step counter.
+        self._last, self._steps = time.perf_counter(), self._iterations() - self._first
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None or not self._steps:

@@ -367,6 +367,10 @@ SETTINGS = {
         0, integer(0), "epochs of the learning rate's linear warm-up"),
     "train.seed": Setting(0, integer(0), "the seed of the weights' initialization"),
     "train.jit_compile": Setting(False, boolean(), "compile the train step with XLA"),
+    "train.steps_per_execution": Setting(
+        1, integer(1, 10000),
+        "steps per call of the compiled train function: N > 1 runs N steps in one graph that "
+        "takes its batches itself, without Python between them (Keras' steps_per_execution)"),
     "train.precision": Setting(
         "float32", choice("float32", "mixed_float16", "mixed_bfloat16"),
         "the Keras dtype policy (the bank, logits and loss stay float32)"),
