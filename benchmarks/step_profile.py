@@ -18,10 +18,12 @@ synthetic two-view batch of random images; each part of the step is its own ``tf
 - the diagnostics (``_track`` and ``_track_views``: MPP statistics, histogram, health);
 - the key encoder's EMA (``MomentumEncoder.follow``);
 - the optimizer's update (``optimizer.apply`` of the gradients);
-- the whole compiled step (``train_step`` under the strategy, one call per step);
+- the whole compiled step (``train_step`` under the strategy: Keras' one-step function);
 - the train function as ``fit`` calls it, one step at a time from a ``tf.data`` iterator
-  (the difference to the compiled step: Python and dispatch);
-- ``fit`` itself over that data (its loop, the logs, a no-op callback), per step;
+  (the difference to the compiled step: Python and dispatch), and with 10 steps per call in
+  one compiled loop (``train.steps_per_execution``), per step;
+- ``fit`` itself over that data (its loop, the logs, a no-op callback), per step (this and the
+  10-step calls for the offline default only: a ResNet-50 step is seconds);
 - for ``offline``: the input pipeline alone (``data.pretrain_dataset`` over the real MNIST
   digits with the run's views), per batch: on two cores its CPU work shares the step's.
 
@@ -49,6 +51,7 @@ BEGIN, END = "<!-- step_profile:begin -->", "<!-- step_profile:end -->"
 TITLE = "## Where the step's time goes (`benchmarks/step_profile.py`)"
 MNIST = "configs/mnist.yaml"
 R50 = "configs/imagenet_resnet50_b256.yaml"
+PER_CALL = 10  # steps per call of the chunked train function
 CONFIGS = {  # config file, settings, precision
     "offline": (MNIST, [], "float32"),
     "r50_float32": (R50, ["train.batch_size=32", "method.bank_size=65536",
@@ -88,6 +91,8 @@ def parts(config, model, views):
     import keras
     import tensorflow as tf
 
+    from caco_tf.training import steps
+
     jit = config["train"]["jit_compile"]
     query, key = model.query_encoder, model.key_encoder
     variables = query.trainable_variables
@@ -106,7 +111,7 @@ def parts(config, model, views):
     @compiled
     def query_forward_backward(view1, view2):
         with tf.GradientTape() as tape:
-            stacked = query_forward(view1, view2)
+            stacked = tf.concat([query(view1, training=True), query(view2, training=True)], 0)
         return tape.gradient(stacked, variables, output_gradients=seed)
 
     gradients = query_forward_backward(*views)
@@ -134,18 +139,34 @@ def parts(config, model, views):
     one_step = model.make_train_function()
     dataset = tf.data.Dataset.from_tensors(views).repeat()
     iterator = iter(dataset)
+    # The same steps, PER_CALL of them in one compiled call (train.steps_per_execution).
+    chunked = steps.TrainFunction(model, model.warmup_step, model.train_step, 0)
+    chunked.steps_per_epoch = PER_CALL
+
+    def chunk():
+        """Returns the steps the call ran: other parts move the step counter (the optimizer's
+        update), and a call ends at a multiple of PER_CALL."""
+        before = int(model.optimizer.iterations.numpy())
+        model.steps_per_execution = PER_CALL
+        try:
+            wait(chunked(iterator))
+        finally:
+            model.steps_per_execution = 1
+        return int(model.optimizer.iterations.numpy()) - before
 
     class Nothing(keras.callbacks.Callback):
         pass
 
     def fit_steps(count=20):
         model.fit(dataset, steps_per_epoch=count, epochs=1, verbose=0, callbacks=[Nothing()])
+        return count
 
     def wait(value):
         for tensor in tf.nest.flatten(value):
             if hasattr(tensor, "numpy"):
                 tensor.numpy()
 
+    small = config["model"]["backbone"] != "resnet50"  # the loops' parts: small steps only
     found = {
         "query encoder forward": lambda: wait(query_forward(*views)),
         "query encoder forward + backward": lambda: wait(query_forward_backward(*views)),
@@ -154,10 +175,12 @@ def parts(config, model, views):
         "diagnostics": lambda: wait(diagnostics(queries)),
         "key encoder EMA": lambda: wait(ema()),
         "optimizer update": lambda: wait(optimizer_update()),
-        "compiled step": lambda: wait(one_step([views])),
+        "compiled step": lambda: wait(chunked.one_step[False]([views])),
         "train function (fit's call, one step)": lambda: wait(one_step(iterator)),
-        "fit, per step (of 20)": lambda: fit_steps() or None,
     }
+    if small:
+        found[f"train function, {PER_CALL} steps per call, per step"] = chunk
+        found["fit, per step (of 20)"] = fit_steps
     if config["model"]["backbone"] == "resnet50":
         found.update(batchnorm_parts(model.backbone, views, tf, keras))
     return found
@@ -200,15 +223,16 @@ def input_pipeline(config, count):
 
 
 def round_robin(found, rounds, warmup=2):
+    """Median seconds of each part (per step for the parts that return their step count)."""
     times = {name: [] for name in found}
     names = list(found)
     for index in range(warmup + rounds):
         for name in (names if index % 2 == 0 else names[::-1]):
             start = time.perf_counter()
-            found[name]()
+            count = found[name]()
             if index >= warmup:
-                times[name].append(time.perf_counter() - start)
-    times["fit, per step (of 20)"] = [t / 20 for t in times.get("fit, per step (of 20)", [])]
+                steps = count if isinstance(count, int) and count > 0 else 1
+                times[name].append((time.perf_counter() - start) / steps)
     return {name: statistics.median(values) for name, values in times.items()}
 
 

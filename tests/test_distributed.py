@@ -133,7 +133,8 @@ def _launch(index, ports, run_dir, log_dir, attempt, *extra):
                "--set", "train.epochs=2", "--set", "method.warmup_epochs=1",
                "--set", "train.batch_size=512", "--set", "method.bank_size=1024",
                "--set", "model.widths=[16,32,64,128]", "--set", "model.projector_hidden=256",
-               "--set", "train.jit_compile=false", "--run-dir", run_dir, "--quiet", *extra]
+               "--set", "train.jit_compile=false", "--set", "train.steps_per_execution=1",
+               "--run-dir", run_dir, "--quiet", *extra]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -161,8 +162,9 @@ def _newest_save(run_dir):
 
 def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path):
     """Two local workers train 2 epochs of the offline default.  SIGTERM to worker 1 alone in
-    epoch 2: both workers save the same step (the chief writes) and exit with 143; relaunched,
-    the run finishes from that save.  (A worker lost for good: the next test.)"""
+    epoch 2: both workers save the same step (the chief writes) and exit with 143; relaunched
+    (with train.steps_per_execution 3), the run finishes from that save.  (A worker lost for
+    good: the next test.)"""
     run_dir, logs = str(tmp_path / "run"), str(tmp_path)
     ports = _free_ports(2)
     workers = [_launch(i, ports, run_dir, logs, attempt=1) for i in range(2)]
@@ -184,7 +186,9 @@ def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path):
     assert f"(global step {saved['iterations']}); the chief saved it" in open(
         f"{logs}/worker1-1.log").read()
 
-    workers = [_launch(i, ports, run_dir, logs, attempt=2) for i in range(2)]
+    # Relaunched with 3 steps per compiled call: the calls realign on the saved step.
+    workers = [_launch(i, ports, run_dir, logs, 2, "--set", "train.steps_per_execution=3")
+               for i in range(2)]
     codes = [_wait(w, 240) for w in workers]
     assert codes == [0, 0], open(f"{logs}/worker0-2.log").read()[-3000:]
 

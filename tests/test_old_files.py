@@ -8,14 +8,13 @@ import json
 import os
 import shutil
 
-import h5py
 import keras
 import numpy as np
 import yaml
 
 from caco_tf import build, pretrain
 from caco_tf.training.config import load_config
-from caco_tf.training.run_folder import RunFolder
+from caco_tf.training.run_folder import RunFolder, weight_arrays
 
 OLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "v0_2")
 # make.py's settings over the mnist configuration, in today's names.
@@ -28,12 +27,8 @@ WALL_CLOCK = {"step_ms", "images_per_s", "data_wait"}
 
 def arrays(path):
     """Every array of a weights file by its path, the 0.2 bank's place named as today's."""
-    found = {}
-    with h5py.File(path) as handle:
-        handle.visititems(lambda name, item: found.__setitem__(
-            "/" + name, item[()]) if isinstance(item, h5py.Dataset) else None)
-    return {name.replace("/layers/memory_bank/vars/", "/vars/"): value
-            for name, value in found.items()}
+    return {"/" + name.replace("layers/memory_bank/vars/", "vars/"): value
+            for name, value in weight_arrays(path).items()}
 
 
 def test_an_old_run_folder_and_keras_files_load():

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from caco_tf.training import optimizers
+from caco_tf.training.run_folder import weight_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4  # 256 images / batch 64
@@ -75,17 +76,6 @@ def finished_run(small_data, tmp_path_factory):
 TIMING = ("step_ms", "images_per_s", "data_wait")  # wall-clock figures: never equal twice
 
 
-def _weights(path):
-    """Every array of a .weights.h5 file (model and optimizer), by its path in the file."""
-    import h5py
-
-    arrays = {}
-    with h5py.File(path, "r") as handle:
-        handle.visititems(lambda name, item: arrays.__setitem__(name, item[()])
-                          if isinstance(item, h5py.Dataset) else None)
-    return arrays
-
-
 def test_a_run_killed_mid_epoch_ends_as_the_uninterrupted_run(small_data, finished_run,
                                                               tmp_path):
     """Killed in epoch 3 and resumed, the run ends with the uninterrupted run's weights, bank,
@@ -137,8 +127,8 @@ def assert_same_run(run_dir, reference_dir):
     reference = json.load(open(os.path.join(reference_dir, "history.json")))
     strip = [{k: v for k, v in row.items() if k not in TIMING} for row in history]
     assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in reference]
-    resumed = _weights(os.path.join(run_dir, "checkpoints", "last.weights.h5"))
-    uninterrupted = _weights(os.path.join(reference_dir, "checkpoints", "last.weights.h5"))
+    resumed = weight_arrays(os.path.join(run_dir, "checkpoints", "last.weights.h5"))
+    uninterrupted = weight_arrays(os.path.join(reference_dir, "checkpoints", "last.weights.h5"))
     assert resumed.keys() == uninterrupted.keys()
     bank = "layers/memory_bank/vars/"
     assert resumed[bank + "0"].shape == resumed[bank + "1"].shape == (128, 32)  # and momentum

@@ -338,6 +338,18 @@ def weights_bytes(model):
     return buffer.getvalue()
 
 
+def weight_arrays(path):
+    """Every array of a ``.weights.h5`` file (model and optimizer), by its path in the file:
+    what compares two runs' states bit for bit."""
+    import h5py
+
+    arrays = {}
+    with h5py.File(path, "r") as handle:
+        handle.visititems(lambda name, item: arrays.__setitem__(name, item[()])
+                          if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
 def save_weights_atomically(model, path):
     """``model.save_weights(path)``, the file complete on the disk before it takes the name:
     a kill or a full disk leaves the previous file, never half of a new one."""
