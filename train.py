@@ -1,6 +1,6 @@
 """Pre-train a CaCo encoder (the same command as ``caco-train``).
 
-    python train.py                                   # offline MNIST default, ~10 CPU minutes
+    python train.py                                   # offline MNIST default, ~8 CPU minutes
     python train.py --config configs/NAME.yaml [--set key=value ...] [--run-dir DIR]
 
 Re-running the same command resumes the run from its last finished epoch.

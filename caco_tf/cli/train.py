@@ -1,6 +1,6 @@
 """Pre-train an encoder (``caco-train``, ``python train.py``).
 
-    caco-train                                        # offline MNIST default, ~10 CPU minutes
+    caco-train                                        # offline MNIST default, ~8 CPU minutes
     caco-train --config NAME|PATH.yaml [--set key=value ...] [--run-dir DIR]
     caco-train --list-configs                         # the configurations the package ships
 
