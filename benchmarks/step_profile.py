@@ -47,8 +47,14 @@ sys.path.insert(0, ROOT)
 
 import _report  # noqa: E402
 
-BEGIN, END = "<!-- step_profile:begin -->", "<!-- step_profile:end -->"
-TITLE = "## Where the step's time goes (`benchmarks/step_profile.py`)"
+# One section for the offline default, one for the ResNet-50 rows (minutes against hours).
+SECTIONS = {
+    "offline": ("<!-- step_profile:begin -->", "<!-- step_profile:end -->",
+                "## Where the step's time goes (`benchmarks/step_profile.py`)"),
+    "resnet50": ("<!-- step_profile_resnet50:begin -->", "<!-- step_profile_resnet50:end -->",
+                 "## Where the ResNet-50 step's time goes, float32 and bfloat16 "
+                 "(`benchmarks/step_profile.py --only r50_float32,r50_bfloat16`)"),
+}
 MNIST = "configs/mnist.yaml"
 R50 = "configs/imagenet_resnet50_b256.yaml"
 PER_CALL = 10  # steps per call of the chunked train function
@@ -188,9 +194,15 @@ def parts(config, model, views):
 
 def batchnorm_parts(backbone, views, tf, keras):
     """The backbone's forward with and without its BatchNormalization layers."""
+    class Passthrough(keras.layers.Layer):
+        """What replaces a BatchNormalization: its input, whatever the call's arguments."""
+
+        def call(self, inputs, training=None, mask=None):
+            return inputs
+
     def identity(layer):
         if isinstance(layer, keras.layers.BatchNormalization):  # ours subclasses it
-            return keras.layers.Activation("linear", name=layer.name, dtype=layer.dtype_policy)
+            return Passthrough(name=layer.name, dtype=layer.dtype_policy)
         return layer.__class__.from_config(layer.get_config())
 
     without = keras.models.clone_model(backbone, clone_function=identity)
@@ -279,8 +291,9 @@ def main(argv=None):
     parser.add_argument("--run-dir", help="a finished offline run whose step_ms to add")
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    begin, end, title = SECTIONS["offline" if args.only == "offline" else "resnet50"]
     started = time.time()
-    lines = [BEGIN, _report.command_line("step_profile.py", argv), ""]
+    lines = [begin, _report.command_line("step_profile.py", argv), ""]
     body = []
     for name in args.only.split(","):
         config, medians = profile(name, args.steps)
@@ -294,8 +307,8 @@ def main(argv=None):
     lines += [f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; TensorFlow {tf.__version__}, "
               f"Keras {keras.__version__}; medians of {args.steps} rounds, every part once a "
               f"round in turn; whole run {(time.time() - started) / 60:.0f} min.", ""]
-    text = "\n".join(lines + body + [END]) + "\n"
-    _report.publish(text, args.output, BEGIN, END, TITLE)
+    text = "\n".join(lines + body + [end]) + "\n"
+    _report.publish(text, args.output, begin, end, title)
 
 
 if __name__ == "__main__":
