@@ -48,17 +48,12 @@ class TrainFunction:
 
     def __call__(self, iterator):
         per_call = self.model.steps_per_execution
-        if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            return self._one_by_one(iter(iterator), per_call)  # a list of batches
+        if per_call == 1 or not self.steps_per_epoch or not isinstance(
+                iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            return self._one_by_one(iter(iterator), per_call)  # iter: a list of batches too
         step = int(self.model.optimizer.iterations.numpy())
-        count = per_call
-        if self.steps_per_epoch:
-            within = step % self.steps_per_epoch
-            count = min(per_call - within % per_call, self.steps_per_epoch - within)
-        elif per_call > 1:
-            return self._one_by_one(iterator, per_call)
-        if per_call == 1:
-            return self._one_by_one(iterator, count)
+        within = step % self.steps_per_epoch
+        count = min(per_call - within % per_call, self.steps_per_epoch - within)
         logs = None
         if self.warming_up and step < self.warmup_steps:
             warmup = min(count, self.warmup_steps - step)
