@@ -142,3 +142,18 @@ def test_without_a_warm_up_the_first_epoch_is_judged(caplog):
     warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
     assert warnings == [warnings[0]] and "after epoch 1: the embeddings' effective rank is 1.20" \
         in warnings[0]
+
+
+def test_the_ranks_are_those_of_the_backbone_and_the_query_encoder():
+    from test_model import tiny_caco, views
+
+    model = tiny_caco()
+    images = np.concatenate(views(seed=3))
+    guard = callbacks.HealthMonitor(sample=tf.data.Dataset.from_tensor_slices(images).batch(5))
+    guard.set_model(model)
+    ranks = guard.ranks()  # one compiled pass of the backbone per batch
+    features = model.backbone(images, training=False)
+    embeddings = model.query_encoder(images, training=False)
+    assert ranks["rank_features"] == pytest.approx(float(health.effective_rank(features)), rel=1e-5)
+    assert ranks["rank_embedding"] == pytest.approx(float(health.effective_rank(embeddings)),
+                                                    rel=1e-5)

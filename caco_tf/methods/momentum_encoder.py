@@ -18,6 +18,14 @@ def _encoder_graph(backbone, projector):
         projector(backbone(inputs)))
 
 
+def features_and_embeddings(encoder, images, training=False):
+    """An encoder's backbone features and its embeddings from one pass of the backbone: the
+    encoder is the chain that ``_encoder_graph`` makes (input, backbone, projector, norm)."""
+    _, backbone, projector, normalize = encoder.layers
+    features = backbone(images, training=training)
+    return features, normalize(projector(features, training=training))
+
+
 class MomentumEncoder(keras.Model):
     """The key encoder: a structural copy of the query encoder whose parameters follow it.
 

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from caco_tf import __version__, health
+from caco_tf.methods.momentum_encoder import features_and_embeddings
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
@@ -324,6 +325,7 @@ class HealthMonitor(keras.callbacks.Callback):
         self.assignments = int(assignments_per_epoch)
         self.stop_on_collapse = bool(stop_on_collapse)
         self.warned = False
+        self._encode = None
 
     def on_train_begin(self, logs=None):
         self.model.unhealthy = None
@@ -368,13 +370,15 @@ class HealthMonitor(keras.callbacks.Callback):
 
     def ranks(self):
         """{'rank_embedding': ..., 'rank_features': ...} of the current encoders on the sample."""
+        if self._encode is None:  # compiled: run eagerly, the passes cost ~1.3 s an epoch offline
+            self._encode = tf.function(lambda images: features_and_embeddings(
+                self.model.query_encoder, images))
         features, embeddings = [], []
         for batch in self.sample:
-            images = batch[0] if isinstance(batch, tuple) else batch
-            batch_features = self.model.backbone(images, training=False)
+            batch_features, batch_embeddings = self._encode(
+                batch[0] if isinstance(batch, tuple) else batch)
             features.append(tf.cast(batch_features, tf.float32))
-            embeddings.append(tf.cast(self.model.query_encoder(images, training=False),
-                                      tf.float32))
+            embeddings.append(tf.cast(batch_embeddings, tf.float32))
         return {"rank_embedding": float(health.effective_rank(tf.concat(embeddings, 0))),
                 "rank_features": float(health.effective_rank(tf.concat(features, 0)))}
 
