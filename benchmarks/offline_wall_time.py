@@ -1,13 +1,18 @@
-"""The offline default's wall time (``python train.py``), one step per call against N per call.
+"""The offline default's wall time (``python train.py``): one step per call against N per call,
+or this tree against an earlier revision.
 
     python benchmarks/offline_wall_time.py                    # 2 rounds -> BENCHMARKS.md
+    python benchmarks/offline_wall_time.py --against cf75f45  # before/after -> its own section
     python benchmarks/offline_wall_time.py --rounds 1 --per-call 10 --output /tmp/w.md
 
-Each round runs the whole command twice, ``--set train.steps_per_execution=1`` and ``=N``, in
-turn (the order reversed every other round, so that the shared machine's drifts hit both
-alike), each in a fresh run folder, from start to exit (data, training, kNN, export).  The two
-must train alike: the final weights files are compared array by array, the histories but their
-wall-clock columns, and the kNN results.
+Each round runs the whole command twice, in turn (the order reversed every other round, so
+that the shared machine's drifts hit both alike), each in a fresh run folder, from start to
+exit (data, training, kNN, export): with ``--set train.steps_per_execution=1`` and ``=N``; or,
+with ``--against REV``, the default of a checkout of REV (``git worktree``, its own train.py,
+package and configs/mnist.yaml) and of this tree.  The two must train alike: the final weights
+files are compared array by array, the histories but their wall-clock columns (and, against a
+revision, the health monitor's ranks, which may differ in their last digits), and the kNN
+results.
 """
 
 import argparse
@@ -27,23 +32,32 @@ sys.path.insert(0, ROOT)
 
 import _report  # noqa: E402
 
-BEGIN, END = "<!-- offline_wall_time:begin -->", "<!-- offline_wall_time:end -->"
-TITLE = "## The offline default's wall time (`benchmarks/offline_wall_time.py`)"
+SECTIONS = {
+    "per_call": ("<!-- offline_wall_time:begin -->", "<!-- offline_wall_time:end -->",
+                 "## The offline default's wall time (`benchmarks/offline_wall_time.py`)"),
+    "against": ("<!-- offline_wall_time_against:begin -->",
+                "<!-- offline_wall_time_against:end -->",
+                "## The offline default's wall time against an earlier revision "
+                "(`benchmarks/offline_wall_time.py --against REV`)"),
+}
 TIMING = ("step_ms", "images_per_s", "data_wait")
+RANKS = ("rank_embedding", "rank_features")
 
 
-def one_run(per_call, run_dir):
-    """Seconds of ``python train.py`` with ``per_call`` steps per call, start to exit."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+def one_run(checkout, settings, run_dir):
+    """Seconds of ``python train.py`` of ``checkout`` with ``settings``, start to exit."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=checkout)
+    command = [sys.executable, os.path.join(checkout, "train.py"), "--quiet", "--run-dir", run_dir]
+    for setting in settings:
+        command += ["--set", setting]
     start = time.perf_counter()
-    subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--quiet", "--run-dir",
-                    run_dir, "--set", f"train.steps_per_execution={per_call}"],
-                   cwd=os.path.dirname(run_dir), env=env, check=True,
+    subprocess.run(command, cwd=os.path.dirname(run_dir), env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
-def same_training(first, second):
+def same_training(first, second, ignored=()):
     """Whether two run folders hold the same final weights, history and kNN result."""
     from caco_tf.training.run_folder import weight_arrays
 
@@ -53,7 +67,7 @@ def same_training(first, second):
 
     def history(folder):
         with open(os.path.join(folder, "history.json")) as handle:
-            return [{k: v for k, v in row.items() if k not in TIMING}
+            return [{k: v for k, v in row.items() if k not in TIMING + tuple(ignored)}
                     for row in json.load(handle)]
 
     def knn(folder):
@@ -63,43 +77,69 @@ def same_training(first, second):
     return weights, history(first) == history(second), (knn(first), knn(second))
 
 
+def worktree(revision, folder):
+    """A checkout of ``revision`` in ``folder`` (a detached git worktree of this repository)."""
+    path = os.path.join(folder, "checkout")
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "--force", path, revision],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--per-call", type=int, default=10)
+    parser.add_argument("--against", metavar="REV", help="compare this tree's default with "
+                        "REV's (a commit, tag or branch) instead of one against N steps a call")
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
-    variants = (1, args.per_call)
-    times = {n: [] for n in variants}
-    checks = []
+    begin, end, title = SECTIONS["against" if args.against else "per_call"]
+    times, checks = {}, []
     with tempfile.TemporaryDirectory() as folder:
-        for index in range(args.rounds):
-            order = variants if index % 2 == 0 else variants[::-1]
-            folders = {}
-            for per_call in order:
-                folders[per_call] = os.path.join(folder, f"n{per_call}-{index}")
-                times[per_call].append(one_run(per_call, folders[per_call]))
-                print(f"round {index + 1}, {per_call} per call: {times[per_call][-1]:.0f} s",
-                      flush=True)
-            checks.append(same_training(*(folders[n] for n in variants)))
-    one, many = (statistics.median(times[n]) for n in variants)
+        if args.against:
+            revision = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.against],
+                                      capture_output=True, text=True, check=True).stdout.strip()
+            head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            variants = {f"{revision} (before)": (worktree(args.against, folder), []),
+                        f"{head} (this tree)": (ROOT, [])}
+            ignored = RANKS
+        else:
+            variants = {f"{n} per call": (ROOT, [f"train.steps_per_execution={n}"])
+                        for n in (1, args.per_call)}
+            ignored = ()
+        labels = list(variants)
+        try:
+            for index in range(args.rounds):
+                folders = {}
+                for label in (labels if index % 2 == 0 else labels[::-1]):
+                    folders[label] = os.path.join(folder, f"run{labels.index(label)}-{index}")
+                    times.setdefault(label, []).append(one_run(*variants[label], folders[label]))
+                    print(f"round {index + 1}, {label}: {times[label][-1]:.0f} s", flush=True)
+                checks.append(same_training(*(folders[label] for label in labels), ignored))
+        finally:
+            if args.against:
+                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force",
+                                os.path.join(folder, "checkout")], check=False)
+    first, second = (statistics.median(times[label]) for label in labels)
     weights, histories = all(c[0] for c in checks), all(c[1] for c in checks)
-    rows = ["| steps per call | wall time (s), median | runs (s) |", "|---:|---:|---|"]
-    rows += [f"| {n} | {statistics.median(times[n]):.0f} | "
-             f"{', '.join(f'{t:.0f}' for t in times[n])} |" for n in variants]
+    rows = ["| variant | wall time (s), median | runs (s) |", "|---|---:|---|"]
+    rows += [f"| {label} | {statistics.median(times[label]):.0f} | "
+             f"{', '.join(f'{t:.0f}' for t in times[label])} |" for label in labels]
+    compared = "but wall-clock columns" + (" and ranks" if ignored else "")
     text = "\n".join([
-        BEGIN, _report.command_line("offline_wall_time.py", argv), "",
+        begin, _report.command_line("offline_wall_time.py", argv), "",
         f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; `python train.py` (the offline "
-        f"default, start to exit), {args.rounds} rounds, the two settings in turn.", "",
+        f"default, start to exit), {args.rounds} rounds, the two in turn.", "",
         *rows, "",
-        f"Ratio of the medians: {many / one:.2f} ({one / many:.2f}x faster with "
-        f"{args.per_call} steps per call). Same training: final weights "
-        f"{'identical' if weights else 'DIFFERENT'}, histories but wall-clock columns "
+        f"Ratio of the medians: {second / first:.2f} ({first / second:.2f}x faster: "
+        f"{labels[1]} against {labels[0]}). Same training: final weights "
+        f"{'identical' if weights else 'DIFFERENT'}, histories {compared} "
         f"{'identical' if histories else 'DIFFERENT'}, kNN top-1 "
-        f"{', '.join(f'{a:.1f} / {b:.1f} %' for _, _, (a, b) in checks)} (one / "
-        f"{args.per_call} per call, each round).", END]) + "\n"
-    _report.publish(text, args.output, BEGIN, END, TITLE)
+        f"{', '.join(f'{a:.1f} / {b:.1f} %' for _, _, (a, b) in checks)} ({labels[0]} / "
+        f"{labels[1]}, each round).", end]) + "\n"
+    _report.publish(text, args.output, begin, end, title)
 
 
 if __name__ == "__main__":
