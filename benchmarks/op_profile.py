@@ -16,6 +16,11 @@ their ratio, per kind, show which ops keep the bfloat16 step from the AMX units'
 The sums are of op times as the executor's threads saw them: two ops running at once on two
 cores both count in full, so the total exceeds the step's wall time (given beside it, timed
 without the profiler).
+
+Then the compiled step's wall time in both precisions with and without XLA, the four built in
+one process and stepped in turn, round after round (medians): what the profile cannot see
+into (XLA's own CPU kernels).  ``--no-xla-for r50`` leaves XLA out for a configuration (a
+ResNet-50 step under XLA takes tens of seconds on two cores, its compilation minutes).
 """
 
 import argparse
@@ -42,6 +47,7 @@ CONFIGS = {  # name -> (config file, settings)
     "offline": (step_profile.MNIST, NO_XLA),
     "r50": (step_profile.R50, R50),
 }
+XLA = ["train.jit_compile=true"]
 PRECISIONS = ("float32", "mixed_bfloat16")
 # Kind of each op type (TensorFlow's names, oneDNN's _Mkl/_MklNative prefixes removed);
 # the first pattern an op type starts with decides.
@@ -99,7 +105,7 @@ def op_times(trace_dir, steps):
         for line in plane.lines:
             for event in line.events:
                 name = plane.event_metadata[event.metadata_id].name
-                if ":" not in name:  # executor and Python frames, not ops
+                if ":" not in name or "::" in name:  # ops are "name:Type"; frames are not
                     continue
                 op_type = name.rsplit(":", 1)[1]
                 if op_type not in CALLS:
@@ -107,14 +113,16 @@ def op_times(trace_dir, steps):
     return times
 
 
-def profile(name, precision, steps):
-    """(op ms by type, the step's wall ms without the profiler) of one configuration."""
+def compiled_step(name, precision, xla=False):
+    """A callable running one compiled step of a configuration (built, traced, warmed up)."""
     import tensorflow as tf
 
     from caco_tf.training import steps as steps_lib
 
-    step_profile.CONFIGS[f"{name}_{precision}"] = (*CONFIGS[name], precision)
-    _, model, views = step_profile.build(f"{name}_{precision}")
+    path, settings = CONFIGS[name]
+    variant = f"{name}_{precision}{'_xla' if xla else ''}"
+    step_profile.CONFIGS[variant] = (path, settings + (XLA if xla else []), precision)
+    _, model, views = step_profile.build(variant)
     one_step = steps_lib.TrainFunction(model, model.warmup_step, model.train_step,
                                        0).one_step[False]
 
@@ -125,6 +133,22 @@ def profile(name, precision, steps):
 
     for _ in range(2):
         run()
+    return run
+
+
+def wall_times(name, rounds, xla=True):
+    """{(precision, XLA): median ms of the compiled step}, the variants stepped in turn."""
+    runs = {(p, x): compiled_step(name, p, x) for p in PRECISIONS for x in ((False, True)
+                                                                             if xla else (False,))}
+    return {key: 1e3 * seconds for key, seconds in step_profile.round_robin(
+        runs, rounds, warmup=0).items()}
+
+
+def profile(name, precision, steps):
+    """(op ms by type, the step's wall ms without the profiler) of one configuration."""
+    import tensorflow as tf
+
+    run = compiled_step(name, precision)
     walls = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -147,8 +171,12 @@ def table(name, results):
     order = [kind for kind, _ in KINDS] + [OTHER]
     lines = [f"**{name}** (no XLA): ms a step, summed over the executor's threads", "",
              "| kind of op | float32 | bfloat16 | float32 / bfloat16 |", "|---|---:|---:|---:|"]
+    others = sorted((t for t in set(f32) | set(bf16) if kind_of(t) == OTHER),
+                    key=lambda t: -f32.get(t, 0) - bf16.get(t, 0))[:4]
     for kind in order:
         a, b = kinds.get(kind, (0.0, 0.0))
+        if kind == OTHER:
+            kind += f" (mostly {', '.join(f'`{t}`' for t in others)})"
         if a or b:
             lines.append(f"| {kind} | {a:.1f} | {b:.1f} | {a / b if b else float('inf'):.2f} |")
     a, b = sum(f32.values()), sum(bf16.values())
@@ -157,7 +185,7 @@ def table(name, results):
                  f"| {f32_wall / bf16_wall:.2f} |")
     lines += ["", "The ten op types of the bfloat16 step that gained least (ms a step, float32 → "
               "bfloat16):", ""]
-    shared = [t for t in bf16 if t in f32 and bf16[t] > 0.01 * b]
+    shared = [t for t in bf16 if f32.get(t, 0) > 0.01 * a and bf16[t] > 0.01 * b]
     for op_type in sorted(shared, key=lambda t: f32[t] / bf16[t])[:10]:
         lines.append(f"- `{op_type}`: {f32[op_type]:.1f} → {bf16[op_type]:.1f} "
                      f"({f32[op_type] / bf16[op_type]:.2f}x)")
@@ -170,6 +198,9 @@ def main(argv=None):
     parser.add_argument("--only", default="r50,offline", help="configurations, comma-separated: "
                         + ", ".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=3, help="profiled (and timed) steps")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds of the wall-time table")
+    parser.add_argument("--no-xla-for", default="", help="configurations whose wall-time "
+                        "table leaves XLA out, comma-separated")
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     started = time.time()
@@ -177,6 +208,13 @@ def main(argv=None):
     for name in args.only.split(","):
         results = {p: profile(name, p, args.steps) for p in PRECISIONS}
         rows = table(name, results)
+        walls = wall_times(name, args.rounds, xla=name not in args.no_xla_for.split(","))
+        rows += ["", f"**{name}**, the compiled step's wall time (ms, median of {args.rounds} "
+                 "rounds, the variants in turn):", "", "| precision | no XLA | XLA |",
+                 "|---|---:|---:|"]
+        rows += [f"| {p} | {walls[(p, False)]:.1f} | "
+                 f"{f'{walls[(p, True)]:.1f}' if (p, True) in walls else '–'} |"
+                 for p in PRECISIONS]
         print("\n".join(rows), flush=True)
         body += rows + [""]
     import keras

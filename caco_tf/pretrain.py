@@ -15,7 +15,7 @@ from caco_tf.build import (build_model, build_views, check_sizes, health_sample,
                            online_probe_classes, precise_bn)
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
-from caco_tf.training import callbacks, distribute, interrupts, peers
+from caco_tf.training import callbacks, distribute, interrupts, peers, precision
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
@@ -80,7 +80,10 @@ def _run(config, folder, strategy, chief, verbose, stack):
         # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
     views = build_views(config)
-    with _dtype_policy(config["train"]["precision"]), strategy.scope():
+    policy, chosen_because = precision.resolve(config["train"]["precision"])
+    if chief and chosen_because:
+        print(f"precision: {policy} ({chosen_because})", flush=True)
+    with _dtype_policy(policy), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
