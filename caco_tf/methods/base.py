@@ -35,7 +35,8 @@ import tensorflow as tf
 
 from caco_tf import health, losses
 from caco_tf.methods.memory_bank import MemoryBank
-from caco_tf.methods.momentum_encoder import MomentumEncoder, build_encoder
+from caco_tf.methods.momentum_encoder import (MomentumEncoder, build_encoder,
+                                             features_and_embeddings)
 from caco_tf.training import distribute, steps
 
 # What step 2 gives: the loss, d loss / d queries (None in evaluation), the bank's learning rate
@@ -283,6 +284,10 @@ class ContrastiveMethod(keras.Model):
     def call(self, images, training=False):
         """The query embedding z (the bank's space)."""
         return self.query_encoder(images, training=training)
+
+    def features_and_embeddings(self, images, training=False):
+        """The backbone's features and the query embeddings, from one pass of the backbone."""
+        return features_and_embeddings(self.query_encoder, images, training)
 
     def make_train_function(self, force=False):
         """The warm-up pass, then the method's steps, ``steps_per_execution`` of them per call

@@ -14,7 +14,6 @@ import numpy as np
 import tensorflow as tf
 
 from caco_tf import __version__, health
-from caco_tf.methods.momentum_encoder import features_and_embeddings
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
@@ -371,8 +370,7 @@ class HealthMonitor(keras.callbacks.Callback):
     def ranks(self):
         """{'rank_embedding': ..., 'rank_features': ...} of the current encoders on the sample."""
         if self._encode is None:  # compiled: run eagerly, the passes cost ~1.3 s an epoch offline
-            self._encode = tf.function(lambda images: features_and_embeddings(
-                self.model.query_encoder, images))
+            self._encode = tf.function(self.model.features_and_embeddings)
         features, embeddings = [], []
         for batch in self.sample:
             batch_features, batch_embeddings = self._encode(
