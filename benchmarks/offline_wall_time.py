@@ -63,7 +63,10 @@ def same_training(first, second, ignored=()):
 
     a, b = (weight_arrays(os.path.join(d, "checkpoints", "last.weights.h5"))
             for d in (first, second))
-    weights = a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    if a.keys() == b.keys():
+        weights = all(np.array_equal(a[k], b[k]) for k in a)
+    else:  # another revision's file layout (0.3.0 renamed the bank's variables): by value
+        weights = sorted(v.tobytes() for v in a.values()) == sorted(v.tobytes() for v in b.values())
 
     def history(folder):
         with open(os.path.join(folder, "history.json")) as handle:

@@ -48,6 +48,7 @@ CONFIGS = {  # name -> (config file, settings)
     "r50": (step_profile.R50, R50),
 }
 XLA = ["train.jit_compile=true"]
+ROUNDS = {"offline": 30, "r50": 3}  # of the wall-time table: a ResNet-50 step is seconds
 PRECISIONS = ("float32", "mixed_bfloat16")
 # Kind of each op type (TensorFlow's names, oneDNN's _Mkl/_MklNative prefixes removed);
 # the first pattern an op type starts with decides.
@@ -64,6 +65,7 @@ KINDS = [
     ("data movement (pad, slice, concat, transpose, tile)",
      ("Pad", "Slice", "StridedSlice", "Concat", "Transpose", "Tile", "Pack", "Unpack", "Split",
       "Reshape", "Gather", "ScatterNd", "UnsortedSegmentSum")),
+    ("XLA kernels (the bank's pass: bank.py compiles it)", ("XLA",)),
     ("variables (read, assign)", ("ReadVariableOp", "Assign", "ResourceApply", "TemporaryVariable",
                                   "DestroyTemporaryVariable", "VarHandleOp")),
     ("element-wise (relu, add, mul, ...)",
@@ -74,6 +76,9 @@ KINDS = [
       "ZerosLike", "OnesLike", "Fill", "Abs", "Sign", "FloorMod", "FloorDiv")),
 ]
 OTHER = "other"
+XLA_KERNELS = ("custom-call", "dot", "convolution", "sort", "reduce", "gather", "scatter",
+               "copy", "dynamic-update-slice", "dynamic-slice", "while", "conditional", "tuple",
+               "concatenate", "transpose", "broadcast")  # op types of XLA's HLO
 CALLS = ("PartitionedCall", "StatefulPartitionedCall", "While", "If", "StatelessIf",
          "StatelessWhile", "IteratorGetNext")  # containers: their ops are counted themselves
 
@@ -84,6 +89,8 @@ def kind_of(op_type):
         if name.startswith(prefix):
             name = name[len(prefix):]
             break
+    if "fusion" in name or name in XLA_KERNELS:
+        name = "XLA"
     for kind, patterns in KINDS:
         if name in patterns or any(name.startswith(p) for p in patterns if len(p) > 4):
             return kind
@@ -107,8 +114,8 @@ def op_times(trace_dir, steps):
                 name = plane.event_metadata[event.metadata_id].name
                 if ":" not in name or "::" in name:  # ops are "name:Type"; frames are not
                     continue
-                op_type = name.rsplit(":", 1)[1]
-                if op_type not in CALLS:
+                op_type = name.rsplit(":", 1)[1].strip()
+                if op_type not in CALLS and "__inference" not in op_type:  # not a function
                     times[op_type] += event.duration_ps / 1e9 / steps
     return times
 
@@ -198,7 +205,8 @@ def main(argv=None):
     parser.add_argument("--only", default="r50,offline", help="configurations, comma-separated: "
                         + ", ".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=3, help="profiled (and timed) steps")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds of the wall-time table")
+    parser.add_argument("--rounds", type=int, help="rounds of the wall-time tables (default: "
+                        + ", ".join(f"{n} {r}" for n, r in ROUNDS.items()) + ")")
     parser.add_argument("--no-xla-for", default="", help="configurations whose wall-time "
                         "table leaves XLA out, comma-separated")
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
@@ -208,8 +216,9 @@ def main(argv=None):
     for name in args.only.split(","):
         results = {p: profile(name, p, args.steps) for p in PRECISIONS}
         rows = table(name, results)
-        walls = wall_times(name, args.rounds, xla=name not in args.no_xla_for.split(","))
-        rows += ["", f"**{name}**, the compiled step's wall time (ms, median of {args.rounds} "
+        rounds = args.rounds or ROUNDS[name]
+        walls = wall_times(name, rounds, xla=name not in args.no_xla_for.split(","))
+        rows += ["", f"**{name}**, the compiled step's wall time (ms, median of {rounds} "
                  "rounds, the variants in turn):", "", "| precision | no XLA | XLA |",
                  "|---|---:|---:|"]
         rows += [f"| {p} | {walls[(p, False)]:.1f} | "

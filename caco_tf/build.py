@@ -16,7 +16,7 @@ from caco_tf import data
 from caco_tf.data import DEFAULT_CROP_FRACTION, augment, sources
 from caco_tf.methods import model_class
 from caco_tf.nets import backbones
-from caco_tf.training import callbacks, optimizers, precision
+from caco_tf.training import callbacks, optimizers
 from caco_tf.training.config import ConfigError, load_config, upgrade_saved_config
 from caco_tf.training.run_folder import RunFolder
 
@@ -110,33 +110,22 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
             optimizer=train["optimizer"], learning_rate=train["learning_rate"],
             weight_decay=train["weight_decay"], momentum=train["momentum"]),
-        jit_compile=use_xla(train["jit_compile"], num_replicas, train["precision"]),
+        jit_compile=use_xla(train["jit_compile"], num_replicas),
         steps_per_execution=train["steps_per_execution"])
     return model
 
 
-def use_xla(jit_compile, num_replicas, precision_setting="float32"):
-    """``train.jit_compile``, except for several replicas on CPUs, and for bfloat16 chosen by
-    ``train.precision: auto`` on a CPU.
+def use_xla(jit_compile, num_replicas):
+    """``train.jit_compile``, except for several replicas on CPUs.
 
     XLA has no cross-device collectives on CPU ("Collectives are not yet implemented for CPU
     devices when compiling with XLA"), so such a run (logical CPU devices, CPU-only workers)
-    compiles its step without XLA, with a warning; on GPUs the setting is kept.  XLA's CPU
-    convolutions do not use the AMX units that make bfloat16 pay (BENCHMARKS.md,
-    ``benchmarks/op_profile.py``): what ``auto`` chose for them runs without it.
+    compiles its step without XLA, with a warning; on GPUs the setting is kept.
     """
-    if not jit_compile:
-        return False
-    gpus = tf.config.list_physical_devices("GPU")
-    if num_replicas > 1 and not gpus:
+    if jit_compile and num_replicas > 1 and not tf.config.list_physical_devices("GPU"):
         logging.getLogger(__name__).warning(
             "train.jit_compile ignored: XLA has no collectives across CPU replicas (%d here)",
             num_replicas)
-        return False
-    if precision_setting == "auto" and precision.resolve("auto", gpus)[0] == "mixed_bfloat16":
-        logging.getLogger(__name__).info(
-            "train.jit_compile off: train.precision auto chose mixed_bfloat16 for this CPU's "
-            "AMX units, which XLA's CPU convolutions do not use")
         return False
     return jit_compile
 

@@ -1,6 +1,5 @@
 """train.precision auto: what it picks from the machine's devices and CPU flags."""
 
-from caco_tf import build
 from caco_tf.training import precision
 
 
@@ -19,12 +18,3 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
                        "processor\t: 1\nflags\t\t: fpu sse2 amx_bf16\n")
     assert precision.cpu_flags(str(cpuinfo)) == {"fpu", "sse2", "amx_bf16"}
     assert precision.cpu_flags(str(tmp_path / "missing")) == set()
-
-
-def test_bfloat16_chosen_by_auto_runs_without_xla(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
-    assert build.use_xla(True, 1, "auto") is False  # XLA's CPU convolutions skip AMX
-    assert build.use_xla(True, 1, "mixed_bfloat16") is True  # asked for by hand: kept
-    assert build.use_xla(True, 1, "float32") is True
-    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
-    assert build.use_xla(True, 1, "auto") is True  # auto is float32 there

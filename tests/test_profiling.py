@@ -94,4 +94,6 @@ def test_op_profile_sorts_op_types_into_kinds():
     assert kind_of("AssignSubVariableOp") == "variables (read, assign)"
     assert kind_of("Pad") == kind_of("ConcatV2") == kind_of("_MklTranspose") \
         == "data movement (pad, slice, concat, transpose, tile)"
+    assert kind_of("bitcast_dynamic-update-slice_fusion.1") == kind_of("dot") \
+        == "XLA kernels (the bank's pass: bank.py compiles it)"
     assert kind_of("Cast") == "casts" and kind_of("NoSuchOp") == "other"

@@ -374,8 +374,7 @@ SETTINGS = {
     "train.precision": Setting(
         "float32", choice("float32", "mixed_float16", "mixed_bfloat16", "auto"),
         "the Keras dtype policy (the bank, logits and loss stay float32); auto: mixed_bfloat16 "
-        "without XLA on a CPU with AMX-BF16 units and no GPU, else float32 "
-        "(training.precision)"),
+        "on a CPU with AMX-BF16 units and no GPU, else float32 (training.precision)"),
     # An even sample of the training images (0: off, the paper's protocol;
     # callbacks.PreciseBatchNorm).  Training itself is unchanged.
     "train.precise_bn_images": Setting(
