@@ -37,7 +37,7 @@ def main(checkout_run, checkout_output):
     assert "mnist" in listed and "imagenet_resnet50_b256" in listed, listed
 
     trained = run("caco-train", "--run-dir", "run", "--quiet", "--set", "train.epochs=2",
-                  "--set", "method.warmup_epochs=1")
+                  "--set", "method.caco.warmup_epochs=1")
     knn = [line for line in trained.stdout.splitlines() if line.startswith("kNN top-1:")]
     with open(checkout_output) as handle:
         expected = [line for line in handle.read().splitlines() if line.startswith("kNN top-1:")]

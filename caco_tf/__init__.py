@@ -54,6 +54,7 @@ _API = {
     "DigitViews": "caco_tf.data.augment",
     "AsymmetricViews": "caco_tf.data.augment",
     "MultiCropViews": "caco_tf.data.augment",
+    "SymmetricViews": "caco_tf.data.augment",
     "KNNMonitor": "caco_tf.evaluation.monitor",
     "knn_accuracy": "caco_tf.evaluation.knn",
     "extract_features": "caco_tf.evaluation.knn",

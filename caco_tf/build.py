@@ -17,7 +17,8 @@ from caco_tf.data import DEFAULT_CROP_FRACTION, augment, sources
 from caco_tf.methods import model_class
 from caco_tf.nets import backbones
 from caco_tf.training import callbacks, optimizers
-from caco_tf.training.config import ConfigError, load_config, upgrade_saved_config
+from caco_tf.training.config import (ConfigError, load_config, settings_section,
+                                     upgrade_saved_config)
 from caco_tf.training.run_folder import RunFolder
 
 
@@ -37,12 +38,48 @@ def load_data(config):
     return train, held_out
 
 
+def method_settings(config):
+    """The section of settings the run's method reads (``method.<name>``, or CaCo's for its
+    ablation rows)."""
+    return config["method"][settings_section(config["method"]["name"])]
+
+
 def warmup_steps(config, steps_per_epoch):
-    """Steps of the MoCo-style warm-up that fills the bank: ``method.warmup_epochs`` epochs,
-    and at least ``method.warmup_min_steps`` (the key encoder's EMA needs a few hundred steps to
-    follow the query encoder before the resync, however few steps an epoch has)."""
-    method = config["method"]
-    return max(method["warmup_epochs"] * steps_per_epoch, method["warmup_min_steps"])
+    """Steps of the bank warm-up: ``warmup_epochs`` epochs of the method's section, and at
+    least its ``warmup_min_steps`` when it has a warm-up (the key encoder's EMA needs a few
+    hundred steps to follow the student before the resync, however few steps an epoch has);
+    0 for a method without one."""
+    settings = method_settings(config)
+    if not settings.get("warmup_epochs"):
+        return 0
+    return max(settings["warmup_epochs"] * steps_per_epoch, settings["warmup_min_steps"])
+
+
+def warmup_bank_rows(config):
+    """The rows of the bank the warm-up fills (the method's own bank, or the warm-up's), or
+    None without a warm-up."""
+    settings = method_settings(config)
+    if not settings.get("warmup_epochs"):
+        return None
+    return settings.get("bank_size", settings.get("warmup_bank_size"))
+
+
+def method_arguments(config, steps_per_epoch, total_steps):
+    """The method's constructor arguments from its section: per-step settings as schedules of
+    the step (``optimizers.schedule``), settings counted in epochs in steps."""
+    name = config["method"]["name"]
+    section = settings_section(name)
+    arguments = {}
+    for key, setting in model_class(section).SETTINGS.items():
+        if not setting.passed:
+            continue
+        value = config["method"][section][key]
+        if setting.schedule:
+            value = optimizers.schedule(value, setting.schedule, steps_per_epoch, total_steps)
+        if setting.in_steps:
+            value = round(value * steps_per_epoch)
+        arguments[setting.argument or key] = value
+    return arguments
 
 
 def build_views(config):
@@ -61,6 +98,9 @@ def _named_views(config):
     if name in ("asymmetric", "cifar", "imagenet"):  # the last two: the configs' names
         return augment.AsymmetricViews(size, channels, scale=settings["crop_scale"],
                                        blur_sigma=settings["blur_sigma"])
+    if name == "symmetric":
+        return augment.SymmetricViews(size, channels, scale=settings["crop_scale"],
+                                      blur_sigma=settings["blur_sigma"])
     if name == "multicrop":
         crops = settings["multicrop"]
         return augment.MultiCropViews(
@@ -77,34 +117,28 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
     online probe's, when ``evaluation.online_probe`` is on (without it, no probe: a rebuilt
     model still loads a probed run's checkpoint, the probe's weights left aside).
     """
-    model_config, caco, train = config["model"], config["method"], config["train"]
+    model_config, train = config["model"], config["train"]
     size, channels = config["data"]["image_size"], config["data"]["channels"]
     sync = model_config["sync_batchnorm"]
     sync = num_replicas > 1 if sync is None else sync
     multi_crop = config["data"]["views"] == "multicrop"
+    method = model_class(config["method"]["name"])
     # Multi-crop feeds crops of two sizes: the backbone takes any size.
     backbone = backbones.build_backbone(
         model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
         sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"])
-    projector = backbones.build_projector(
+    # The projector's shape is the method's (its reference's), its widths the run's.
+    projector = backbones.build_mlp(
         backbone.output_shape[-1], model_config["projector_hidden"],
-        model_config["embedding_dim"], sync_batchnorm=sync)
+        model_config["embedding_dim"], sync_batchnorm=sync, name="projector",
+        **method.PROJECTOR)
     total_steps = train["epochs"] * steps_per_epoch
-    # method.name: CaCo or an ablation row / baseline, same arguments (caco_tf.methods).
-    model = model_class(caco["name"])(
-        backbone, projector,
-        bank_size=caco["bank_size"],
-        temperature=caco["temperature"],
-        bank_temperature=caco["bank_temperature"],
-        bank_learning_rate=optimizers.WarmupCosine(caco["bank_lr"], total_steps),
-        bank_momentum=caco["bank_momentum"],
-        key_momentum=optimizers.CosineMomentum(caco["key_momentum"], total_steps),
+    model = method(
+        backbone, projector, **method_arguments(config, steps_per_epoch, total_steps),
         warmup_steps=warmup_steps(config, steps_per_epoch),
-        warmup_temperature=caco["warmup_temperature"],
-        resync_after_warmup=caco["resync_after_warmup"],
         online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
-        multi_crop=multi_crop, warmup_every_method=caco["warmup_every_method"],
-        preprocessing=preprocessing(config), run_settings=config)
+        multi_crop=multi_crop, sync_batchnorm=sync, preprocessing=preprocessing(config),
+        run_settings=config)
     model.compile(
         optimizer=optimizers.build_encoder_optimizer(
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
@@ -143,7 +177,7 @@ def preprocessing(config):
 def check_sizes(config, num_images, replicas=1):
     """Refuse, in one line, a batch, bank or warm-up that the data set or the replicas cannot
     hold: before anything is built."""
-    batch, bank = config["train"]["batch_size"], config["method"]["bank_size"]
+    batch, bank = config["train"]["batch_size"], warmup_bank_rows(config)
     if batch > num_images:
         raise data.DataError(f"train.batch_size {batch} is larger than the data set "
                              f"({num_images} images)")
@@ -153,16 +187,19 @@ def check_sizes(config, num_images, replicas=1):
     # One pass writes one key per image of its full batches: the bank holds distinct images
     # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
     filled = (num_images // batch) * batch
-    if config["method"]["warmup_epochs"] > 0 and bank > filled:
+    section = f"method.{settings_section(config['method']['name'])}"
+    if bank is not None and bank > filled:
+        key = "bank_size" if "bank_size" in method_settings(config) else "warmup_bank_size"
         raise data.DataError(
-            f"method.bank_size {bank} is larger than the data set at initialization: one pass "
+            f"{section}.{key} {bank} is larger than the data set at initialization: one pass "
             f"fills {filled} rows from {num_images} images in batches of {batch}")
     steps = num_images // batch
     warmup = warmup_steps(config, steps)
     if warmup >= config["train"]["epochs"] * steps:
-        raise ConfigError(f"the warm-up ({warmup} steps: method.warmup_epochs "
-                          f"{config['method']['warmup_epochs']}, method.warmup_min_steps "
-                          f"{config['method']['warmup_min_steps']}) must end before the run's "
+        settings = method_settings(config)
+        raise ConfigError(f"the warm-up ({warmup} steps: {section}.warmup_epochs "
+                          f"{settings['warmup_epochs']}, {section}.warmup_min_steps "
+                          f"{settings['warmup_min_steps']}) must end before the run's "
                           f"{config['train']['epochs'] * steps} steps")
 
 

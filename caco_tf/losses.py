@@ -93,3 +93,150 @@ def nt_xent_loss(embeddings, temperature, candidates=None, offset=0):
     # A large negative rather than -inf keeps the masked logits' gradients finite (as SimCLR).
     logits = bank_logits(embeddings, candidates, temperature) - 1e9 * itself
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+# ---------------------------------------------------------------------- the comparison methods
+# Each loss below is per row ([N]) or a scalar, from float32 embeddings; ``global_sum`` adds a
+# quantity over every replica of the global batch (``caco_tf.training.distribute.global_sum``;
+# the identity on one device), so the same function is the loss of one device and of R replicas.
+
+
+def _identity(value):
+    return value
+
+
+def regression_loss(predictions, targets):
+    """BYOL's ‖p̂ - ẑ'‖² = 2 - 2 cos(p, z') per row, [N]; no gradient through the targets."""
+    predictions = l2_normalize(tf.cast(predictions, tf.float32))
+    targets = tf.stop_gradient(l2_normalize(tf.cast(targets, tf.float32)))
+    return 2.0 - 2.0 * tf.reduce_sum(predictions * targets, axis=-1)
+
+
+def negative_cosine(predictions, targets):
+    """SimSiam's D(p, z) = -cos(p, sg(z)) per row, [N]."""
+    predictions = l2_normalize(tf.cast(predictions, tf.float32))
+    targets = tf.stop_gradient(l2_normalize(tf.cast(targets, tf.float32)))
+    return -tf.reduce_sum(predictions * targets, axis=-1)
+
+
+def moco_v3_loss(queries, keys, temperature, offset=0):
+    """MoCo v3's ctr(q, k) per query, [N]: the cross-entropy of q̂_i·k̂_m/τ over every key m of
+    the global batch (``keys`` [M, D], gathered), the positive at m = offset + i, times 2τ.
+    No gradient through the keys."""
+    queries = l2_normalize(tf.cast(queries, tf.float32))
+    keys = tf.stop_gradient(l2_normalize(tf.cast(keys, tf.float32)))
+    labels = offset + tf.range(tf.shape(queries)[0], dtype=tf.int32)
+    logits = tf.matmul(queries, keys, transpose_b=True) / temperature
+    return 2.0 * temperature * tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits)
+
+
+def nnclr_loss(neighbours, predictions, temperature, offset=0):
+    """NNCLR's loss per row, [N]: the cross-entropy of n̂_i·p̂_m/τ over every prediction m of the
+    global batch (``predictions`` [M, D], gathered, with gradient), the positive at m =
+    offset + i; ``neighbours`` [N, D] are the support set's nearest neighbours (no gradient)."""
+    neighbours = tf.stop_gradient(l2_normalize(tf.cast(neighbours, tf.float32)))
+    predictions = l2_normalize(tf.cast(predictions, tf.float32))
+    labels = offset + tf.range(tf.shape(neighbours)[0], dtype=tf.int32)
+    logits = tf.matmul(neighbours, predictions, transpose_b=True) / temperature
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def nearest_neighbours(embeddings, support_unit):
+    """The support-set row most similar to each embedding (cosine), [N, D]: NNCLR's lookup."""
+    return tf.gather(support_unit, most_probable_positive(embeddings, support_unit))
+
+
+def sinkhorn(scores, epsilon, iterations, global_sum=_identity, fixed_scores=None,
+             fixed_in_use=True):
+    """SwAV's codes for ``scores`` [N, K] (prototype scores of this replica's rows of the
+    global batch): the equipartitioned transport plan of Sinkhorn-Knopp, [N, K], each row a
+    distribution over the K prototypes (facebookresearch/swav main_swav.py
+    ``distributed_sinkhorn``).
+
+    Q = exp(s/ε) over the B columns of the global batch, then ``iterations`` times: every
+    prototype's row scaled to mass 1/K, every sample's column to mass 1/B; returned ×B.
+    ``fixed_scores`` [M, K]: rows that every replica holds alike (SwAV's queue), counted once
+    among the B columns when ``fixed_in_use`` (a boolean tensor); their codes are not
+    returned.  No gradient.
+    """
+    scores = tf.stop_gradient(tf.cast(scores, tf.float32))
+    plan = tf.exp(scores / epsilon)
+    if fixed_scores is None:
+        fixed, in_use = tf.zeros([0, tf.shape(scores)[1]]), 0.0
+    else:  # fixed rows out of use weigh 0 (a shape that does not change: XLA needs it)
+        in_use = tf.cast(fixed_in_use, tf.float32)
+        fixed = tf.exp(tf.stop_gradient(tf.cast(fixed_scores, tf.float32)) / epsilon) * in_use
+    columns = global_sum(tf.cast(tf.shape(plan)[0], tf.float32)) + in_use * tf.cast(
+        tf.shape(fixed)[0], tf.float32)
+    prototypes = tf.cast(tf.shape(plan)[1], tf.float32)
+    total = global_sum(tf.reduce_sum(plan)) + tf.reduce_sum(fixed)
+    plan, fixed = plan / total, fixed / total
+    for _ in range(int(iterations)):
+        rows = global_sum(tf.reduce_sum(plan, axis=0)) + tf.reduce_sum(fixed, axis=0)
+        plan, fixed = plan / rows / prototypes, fixed / rows / prototypes
+        plan = plan / tf.reduce_sum(plan, axis=1, keepdims=True) / columns
+        fixed = fixed / tf.maximum(tf.reduce_sum(fixed, axis=1, keepdims=True), 1e-30) / columns
+    return plan * columns
+
+
+def swapped_prediction_loss(codes, scores, temperature):
+    """SwAV's -Σ_k q_k log softmax(s/τ)_k per row, [N]: the scores of one crop predict the
+    codes of another (no gradient through the codes)."""
+    return -tf.reduce_sum(tf.stop_gradient(codes) * tf.nn.log_softmax(
+        tf.cast(scores, tf.float32) / temperature, axis=-1), axis=-1)
+
+
+def dino_loss(teacher_logits, student_logits, center, teacher_temperature,
+              student_temperature):
+    """DINO's cross-entropy per row, [N]: -Σ_k P_t(k) log P_s(k), with the teacher's output
+    centered and sharpened, P_t = softmax((t - c)/τ_t), and the student's P_s = softmax(s/τ_s)
+    (facebookresearch/dino main_dino.py ``DINOLoss``).  No gradient through the teacher."""
+    teacher = tf.stop_gradient(tf.nn.softmax(
+        (tf.cast(teacher_logits, tf.float32) - center) / teacher_temperature, axis=-1))
+    return -tf.reduce_sum(teacher * tf.nn.log_softmax(
+        tf.cast(student_logits, tf.float32) / student_temperature, axis=-1), axis=-1)
+
+
+def standardize(z, global_sum=_identity, epsilon=1e-5):
+    """Every dimension of ``z`` [N, D] to zero mean and unit variance over the global batch
+    (biased variance, as BatchNorm without scale and shift in training mode)."""
+    z = tf.cast(z, tf.float32)
+    count = global_sum(tf.cast(tf.shape(z)[0], tf.float32))
+    mean = global_sum(tf.reduce_sum(z, axis=0)) / count
+    variance = global_sum(tf.reduce_sum(tf.square(z - mean), axis=0)) / count
+    return (z - mean) * tf.math.rsqrt(variance + epsilon)
+
+
+def barlow_twins_loss(z1, z2, redundancy_weight, global_sum=_identity):
+    """Barlow Twins' Σ_i (1 - C_ii)² + λ Σ_{i≠j} C_ij², a scalar: C = ẑ¹ᵀẑ² / B, the
+    cross-correlation of the two views' embeddings standardized over the global batch of B
+    (facebookresearch/barlowtwins main.py)."""
+    count = global_sum(tf.cast(tf.shape(z1)[0], tf.float32))
+    c = global_sum(tf.matmul(standardize(z1, global_sum), standardize(z2, global_sum),
+                             transpose_a=True)) / count
+    diagonal = tf.linalg.diag_part(c)
+    on = tf.reduce_sum(tf.square(1.0 - diagonal))
+    off = tf.reduce_sum(tf.square(c)) - tf.reduce_sum(tf.square(diagonal))
+    return on + redundancy_weight * off
+
+
+def vicreg_loss(z1, z2, invariance_weight, variance_weight, covariance_weight,
+                gather=_identity):
+    """VICReg's λ s + μ v + ν c, a scalar (facebookresearch/vicreg main_vicreg.py): s the mean
+    squared difference of the two views (this replica's rows); over the global batch
+    (``gather`` concatenates every replica's rows, with gradient), v = Σ_views ½ mean_d
+    relu(1 - √(Var z_d + 1e-4)) and c = Σ_views Σ_{i≠j} Cov(z)_ij² / D, Var and Cov unbiased."""
+    z1, z2 = tf.cast(z1, tf.float32), tf.cast(z2, tf.float32)
+    invariance = tf.reduce_mean(tf.square(z1 - z2))
+    variance = covariance = 0.0
+    for z in (gather(z1), gather(z2)):
+        z = z - tf.reduce_mean(z, axis=0)
+        count, dim = tf.cast(tf.shape(z)[0], tf.float32), tf.cast(tf.shape(z)[1], tf.float32)
+        std = tf.sqrt(tf.reduce_sum(tf.square(z), axis=0) / (count - 1.0) + 1e-4)
+        variance += 0.5 * tf.reduce_mean(tf.nn.relu(1.0 - std))
+        cov = tf.matmul(z, z, transpose_a=True) / (count - 1.0)
+        covariance += (tf.reduce_sum(tf.square(cov))
+                       - tf.reduce_sum(tf.square(tf.linalg.diag_part(cov)))) / dim
+    return (invariance_weight * invariance + variance_weight * variance
+            + covariance_weight * covariance)

@@ -19,14 +19,24 @@ from caco_tf.training import callbacks, distribute, interrupts, peers, precision
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
-from caco_tf.training.config import ConfigError, changed_settings, upgrade_saved_config
+from caco_tf.training.config import (ConfigError, changed_settings, in_use,
+                                     upgrade_saved_config)
 
 
 # Settings that change the schedules of a run in progress (learning rates, warm-up, EMA
 # momentum, steps per epoch): a resume refuses them unless train.on_schedule_change says how.
+# A method's per-step settings (its schedules) and those counted in epochs count too.
 SCHEDULE_SETTINGS = ("data.source", "train.epochs", "train.batch_size", "train.learning_rate",
-                     "train.lr_warmup_epochs", "train.optimizer", "method.bank_lr",
-                     "method.key_momentum", "method.warmup_epochs", "method.warmup_min_steps")
+                     "train.lr_warmup_epochs", "train.optimizer")
+
+
+def is_schedule_setting(name):
+    """Whether a setting (dotted) changes the schedules of a run in progress."""
+    from caco_tf.training.config import SETTINGS
+
+    setting = SETTINGS.get(name)
+    return name in SCHEDULE_SETTINGS or (setting is not None and name.startswith("method.") and (
+        bool(setting.schedule or setting.in_steps) or not setting.passed))
 
 
 class TrainingStopped(ConfigError):
@@ -102,8 +112,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
         steps_per_epoch=steps_per_epoch))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
-        health_sample(config, views, train), config["method"]["bank_size"]
-        if config["method"]["name"] == "caco" else 0, 2 * steps_per_epoch * batch,
+        health_sample(config, views, train), steps_per_epoch * batch,
         stop_on_collapse=config["train"]["stop_on_collapse"])
     # SIGTERM and SIGINT during training: finish the step, save, stop (after it, during the
     # evaluation and export, they stop the process at once: a re-run redoes only those).
@@ -142,7 +151,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
                 if last else "no epoch finished before")
         advice = ("lower the learning rates (train.learning_rate, method.bank_lr) or use "
                   "train.precision float32" if "loss became" in model.unhealthy
-                  else callbacks.COLLAPSE_ADVICE)
+                  else model.COLLAPSE_ADVICE)
         raise TrainingStopped(f"the run stopped: {model.unhealthy}; {kept}; {advice}")
     if signals.received:  # during the last epoch's end: its state is saved
         resume.stop(config["train"]["epochs"], 0)
@@ -172,7 +181,7 @@ def check_plan(config, run_dir, backup, changes, steps_per_epoch):
     the EMA momentum jump to the new plan's values there)."""
     if backup is None or config["train"]["on_schedule_change"] == "rescale":
         return
-    changed = [change for change in changes if change.split(":")[0] in SCHEDULE_SETTINGS]
+    changed = [change for change in changes if is_schedule_setting(change.split(":")[0])]
     if backup.steps_per_epoch and backup.steps_per_epoch != steps_per_epoch:
         changed.append(f"steps per epoch: {backup.steps_per_epoch} -> {steps_per_epoch}")
     if changed:
@@ -191,7 +200,8 @@ def changes_since_backup(folder, config):
     if not (folder.has_backup() and os.path.exists(folder.config)):
         return []
     with open(folder.config) as handle:
-        return changed_settings(upgrade_saved_config(yaml.safe_load(handle) or {}), config)
+        return changed_settings(in_use(upgrade_saved_config(yaml.safe_load(handle) or {})),
+                                in_use(config))
 
 
 def _loggers(folder):

@@ -1,5 +1,5 @@
-"""Test session set-up: CPU only, two logical CPU devices (for MirroredStrategy tests), quiet
-TensorFlow logs.
+"""Test session set-up: CPU only, four logical CPU devices (for MirroredStrategy tests: 2 and 4
+replicas), quiet TensorFlow logs.
 
 The suite is CPU-only by design, on every host: its figures are compared bit for bit or to
 1e-5, which holds on one CPU and not across devices, and its multi-device tests use logical CPU
@@ -18,6 +18,6 @@ import tensorflow as tf  # noqa: E402
 _cpus = tf.config.list_physical_devices("CPU")
 try:
     tf.config.set_logical_device_configuration(
-        _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+        _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 4)
 except RuntimeError:  # already initialized by an earlier import: single-device tests still run
     pass

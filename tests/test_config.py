@@ -5,21 +5,49 @@ from caco_tf.training.config import ConfigError, changed_settings, load_config
 
 def test_defaults_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("method: {bank_size: 1024, name: simclr}\ntrain: {epochs: 3}\n")
-    config = load_config(str(path), ["method.bank_lr=0.5", "train.learning_rate=1"])
-    assert config["method"]["bank_size"] == 1024 and config["method"]["name"] == "simclr"
-    assert config["method"]["bank_lr"] == 0.5
+    path.write_text("method: {caco: {bank_size: 1024}, name: simclr}\ntrain: {epochs: 3}\n")
+    config = load_config(str(path), ["method.caco.bank_lr=0.5", "train.learning_rate=1"])
+    assert config["method"]["caco"]["bank_size"] == 1024 and config["method"]["name"] == "simclr"
+    assert config["method"]["caco"]["bank_lr"] == 0.5
     assert config["train"]["learning_rate"] == 1.0 and isinstance(
         config["train"]["learning_rate"], float)
-    assert config["method"]["temperature"] == 0.08  # untouched default
+    assert config["method"]["caco"]["temperature"] == 0.08  # untouched defaults
+    assert config["method"]["simclr"]["temperature"] == 0.1  # each method's own
+
+
+def test_a_configuration_carries_every_methods_settings_and_the_name_picks_them():
+    from caco_tf import build
+
+    config = load_config(None, ["method.name=dino", "method.caco.temperature=0.2"])
+    assert build.method_settings(config) is config["method"]["dino"]
+    assert config["method"]["dino"]["teacher_temperature"] == 0.04
+    # CaCo's ablation rows read CaCo's section.
+    row = load_config(None, ["method.name=negative", "method.caco.temperature=0.2"])
+    assert build.method_settings(row)["temperature"] == 0.2 and "negative" not in row["method"]
+
+
+def test_a_per_step_setting_takes_a_number_or_a_schedule():
+    config = load_config(None, [
+        "method.dino.teacher_temperature={start: 0.04, end: 0.07, epochs: 30}"])
+    assert config["method"]["dino"]["teacher_temperature"] == {"start": 0.04, "end": 0.07,
+                                                               "epochs": 30}
+    for bad in ("{start: 0.04}", "{start: 0.04, end: 0.07, shape: square}",
+                "{start: 0.04, end: 0.07, epochs: -1}", "{start: 0, end: 0.07}"):
+        with pytest.raises(ConfigError, match="method.dino.teacher_temperature must be a number "
+                                              "> 0, or a schedule"):
+            load_config(None, [f"method.dino.teacher_temperature={bad}"])
 
 
 @pytest.mark.parametrize("assignment, message", [
-    ("method.bank_sise=5", "unknown config key 'method.bank_sise'"),
+    ("method.caco.bank_sise=5", "unknown config key 'method.caco.bank_sise'"),
+    ("method.bank_size=5", "method.bank_size moved to method.caco.bank_size in caco_tf 0.4.0"),
+    ("method.none.temperature=0.2", "method.none.temperature: method none has no settings of "
+                                    "its own, it reads method.caco's"),
+    ("method.byol=3", "method.byol must be a mapping of settings"),
     ("train.epochs=ten", "train.epochs must be of type int"),
     ("train.epochs=2.5", "train.epochs must be of type int"),
     ("model.sync_batchnorm=1", "model.sync_batchnorm must be true or false"),
-    ("method.temperature=0", "method.temperature must be a number > 0, got 0.0"),
+    ("method.caco.temperature=0", "method.caco.temperature must be a number > 0, got 0.0"),
     ("train.optimizer=adam", "train.optimizer must be one of auto, sgd, lars, got 'adam'"),
     ("model=3", "model must be a mapping"),
     ("method=simclr", "method must be a mapping of settings (the method itself is method.name)"),
@@ -83,17 +111,17 @@ def test_a_derived_setting_takes_a_value_of_its_type_or_null():
         load_config(None, ["model.widths=8"])
 
 
-@pytest.mark.parametrize("assignment, new", [
-    ("caco.bank_lr=0.3", "method.bank_lr"),
-    ("caco.method=simclr", "method.name"),
-    ("caco.warmup_epochs=0", "method.warmup_epochs"),
+@pytest.mark.parametrize("assignment, new, version", [
+    ("caco.bank_lr=0.3", "method.caco.bank_lr", "0.4.0"),
+    ("caco.method=simclr", "method.name", "0.3.0"),
+    ("caco.warmup_epochs=0", "method.caco.warmup_epochs", "0.4.0"),
 ])
-def test_an_old_key_in_a_set_is_refused_with_its_new_name(assignment, new):
+def test_an_old_key_in_a_set_is_refused_with_its_new_name(assignment, new, version):
     old = assignment.split("=")[0]
     with pytest.raises(ConfigError) as error:
         load_config(None, [assignment])
-    assert str(error.value) == (f"{old} was renamed {new} in caco_tf 0.3.0; rename it in your "
-                                f"configuration")
+    assert str(error.value) == (f"{old} was renamed {new} in caco_tf {version}; rename it in "
+                                f"your configuration")
 
 
 def test_an_old_section_in_a_yaml_file_is_refused_in_one_line(tmp_path):
@@ -104,14 +132,14 @@ def test_an_old_section_in_a_yaml_file_is_refused_in_one_line(tmp_path):
     message = str(error.value)
     assert message.startswith("caco.method was renamed method.name in caco_tf 0.3.0; rename it "
                               "in your configuration")
-    assert "the whole section caco is now method" in message and "\n" not in message
+    assert "the whole section caco is now method.caco" in message and "\n" not in message
     path.write_text("caco: {bank_lr: 0.3, method: simclr}\n")
-    with pytest.raises(ConfigError, match=r"caco.bank_lr was renamed method.bank_lr .*caco.method "
-                                          r"is method.name"):
+    with pytest.raises(ConfigError, match=r"caco.bank_lr was renamed method.caco.bank_lr .*"
+                                          r"caco.method is method.name"):
         load_config(str(path))
     path.write_text("caco: {bank_sise: 3}\n")
     with pytest.raises(ConfigError, match="unknown config key 'caco.bank_sise' \\(the section caco "
-                                          "was renamed method"):
+                                          "was renamed method.caco"):
         load_config(str(path))
 
 
@@ -124,31 +152,47 @@ train: {epochs: 2, batch_size: 16}
 """
 
 
+def as_saved_by_0_3(config):
+    """A configuration in the layout caco_tf 0.3 saved: the method's settings flat in section
+    method (CaCo's for every method, and warmup_every_method)."""
+    method = config["method"]
+    flat = dict(method["caco"], name=method["name"], warmup_every_method=False)
+    return {key: (flat if key == "method" else value) for key, value in config.items()}
+
+
 def as_saved_by_0_2(config):
     """A configuration in the layout caco_tf 0.2 saved (section caco, key caco.method)."""
+    config = as_saved_by_0_3(config)
     return {("caco" if key == "method" else key): (
-        {("method" if k == "name" else k): v for k, v in value.items()}
+        {("method" if k == "name" else k): v for k, v in value.items() if k != "warmup_every_method"}
         if key == "method" else value) for key, value in config.items()}
 
 
-def test_a_config_yaml_saved_before_the_rename_loads_in_the_new_layout(tmp_path):
+def test_a_config_yaml_saved_before_the_sections_loads_in_the_new_layout(tmp_path):
     from caco_tf.training.config import upgrade_saved_config
 
     path = tmp_path / "config.yaml"
     path.write_text(OLD_RUN_CONFIG)
     config = load_config(str(path), saved=True)
-    assert config["method"]["name"] == "simclr" and config["method"]["bank_size"] == 64
-    assert "caco" not in config
-    with pytest.raises(ConfigError, match="caco.bank_size was renamed method.bank_size"):
+    assert config["method"]["name"] == "simclr" and "caco" not in config
+    # 0.2's and 0.3's SimCLR ran no warm-up (it had no bank): neither does it now.
+    assert config["method"]["simclr"]["warmup_epochs"] == 0
+    with pytest.raises(ConfigError, match="caco.bank_size was renamed method.caco.bank_size"):
         load_config(str(path))  # as a user's configuration: refused
-    old = {"name": "old", "caco": {"method": "moco_v2", "bank_lr": 0.3}, "train": {}}
+    old = {"name": "old", "caco": {"method": "moco_v2", "temperature": 0.3}, "train": {}}
     new = upgrade_saved_config(old)
-    assert new == {"name": "old", "method": {"name": "moco_v2", "bank_lr": 0.3}, "train": {}}
+    assert new == {"name": "old", "method": {"name": "moco_v2", "moco_v2": {
+        "temperature": 0.3}}, "train": {}}
     assert list(new) == ["name", "method", "train"] and "caco" in old  # a copy, in order
     assert upgrade_saved_config(config) == config  # today's layout: as it is
+    flat = {"method": {"name": "none", "bank_size": 64, "warmup_epochs": 2,
+                       "warmup_every_method": True, "temperature": 0.1}}
+    assert upgrade_saved_config(flat) == {"method": {"name": "none", "caco": {
+        "bank_size": 64, "warmup_epochs": 2, "temperature": 0.1}}}
 
 
-def test_resuming_a_run_folder_saved_before_the_rename_reports_no_change(tmp_path):
+@pytest.mark.parametrize("saved_by", [as_saved_by_0_2, as_saved_by_0_3])
+def test_resuming_a_run_folder_saved_before_the_sections_reports_no_change(tmp_path, saved_by):
     import os
 
     import yaml
@@ -160,16 +204,15 @@ def test_resuming_a_run_folder_saved_before_the_rename_reports_no_change(tmp_pat
     os.makedirs(folder.backup)
     with open(os.path.join(folder.backup, METADATA), "w") as handle:
         handle.write("{}")  # a backup to resume (its contents are not read here)
-    same = load_config(None, ["method.bank_lr=0.3", "method.name=simclr"])
+    same = load_config(None, ["method.caco.bank_lr=0.3"])
     with open(folder.config, "w") as handle:  # the resolved configuration, as 0.2 wrote it
-        yaml.safe_dump(as_saved_by_0_2(same), handle, sort_keys=False)
-    assert "caco:" in open(folder.config).read()
+        yaml.safe_dump(saved_by(same), handle, sort_keys=False)
     assert changes_since_backup(folder, same) == []
-    changed = load_config(None, ["method.bank_lr=0.5", "method.name=simclr"])
-    assert changes_since_backup(folder, changed) == ["method.bank_lr: 0.3 -> 0.5"]
+    changed = load_config(None, ["method.caco.bank_lr=0.5"])
+    assert changes_since_backup(folder, changed) == ["method.caco.bank_lr: 0.3 -> 0.5"]
 
 
-def test_a_run_folder_and_a_keras_file_saved_before_the_rename_load(tmp_path, monkeypatch):
+def test_a_run_folder_and_a_keras_file_saved_before_the_sections_load(tmp_path, monkeypatch):
     import keras
     import yaml
     from tiny_run import make_run
@@ -180,15 +223,18 @@ def test_a_run_folder_and_a_keras_file_saved_before_the_rename_load(tmp_path, mo
     run_dir, _ = make_run(tmp_path / "run")
     folder = RunFolder(run_dir)
     config = yaml.safe_load(open(folder.config))
-    with open(folder.config, "w") as handle:
-        yaml.safe_dump(as_saved_by_0_2(config), handle, sort_keys=False)
-    run = build.load_run(run_dir)  # caco-evaluate, caco-figures and caco-export read it so
-    assert run.config == config and run.model.method == "caco"
+    for saved_by in (as_saved_by_0_2, as_saved_by_0_3):
+        with open(folder.config, "w") as handle:
+            yaml.safe_dump(saved_by(config), handle, sort_keys=False)
+        run = build.load_run(run_dir)  # caco-evaluate, caco-figures and caco-export read it so
+        assert run.config["method"]["caco"] == config["method"]["caco"]
+        assert run.model.method == "caco"
 
-    class Saved:  # what keras.models.load_model gives for a 0.2 .keras file: its run settings
-        run_settings = as_saved_by_0_2(config)
+        class Saved:  # what keras.models.load_model gives for an old .keras file
+            run_settings = saved_by(config)
 
-    path = tmp_path / "model.keras"
-    path.write_text("")
-    monkeypatch.setattr(keras.models, "load_model", lambda *args, **kwargs: Saved())
-    assert build.load_keras_file(str(path)).config == config
+        path = tmp_path / "model.keras"
+        path.write_text("")
+        monkeypatch.setattr(keras.models, "load_model", lambda *args, **kwargs: Saved())
+        assert build.load_keras_file(str(path)).config["method"]["caco"] == config["method"][
+            "caco"]

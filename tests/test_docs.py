@@ -22,7 +22,7 @@ def test_the_site_builds_strictly(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     page = (tmp_path / "site" / "configuration" / "index.html").read_text()
     # The hook replaced its marker by the table of keys (the heading's anchor keeps the name).
-    assert "method.bank_size" in page and "<!-- configuration-reference -->" not in page
+    assert "method.caco.bank_size" in page and "<!-- configuration-reference -->" not in page
 
 
 def test_the_readme_is_short_and_keeps_its_two_commands():

@@ -252,7 +252,7 @@ def test_pretraining_with_the_online_probe(tmp_path, capsys):
 
     # One epoch, no warm-up (the warm-up step's probe is tested above), no kNN monitor.
     config = load_config(None, OVERRIDES + [
-        "train.epochs=1", "method.warmup_epochs=0", "evaluation.knn_monitor_every=0",
+        "train.epochs=1", "method.caco.warmup_epochs=0", "evaluation.knn_monitor_every=0",
         "evaluation.online_probe=true"])
     run_dir = str(tmp_path / "run")
     with tfds.testing.mock_data(num_examples=48):

@@ -64,18 +64,20 @@ def test_histogram_usage_and_entropy():
 
 
 def test_the_collapse_rule():
-    # K = 1,024 rows and 8,000 MPP assignments an epoch: 2 % of 1,024 rows is about 20.
-    assert callbacks.is_collapsed({"mpp_usage": 2 / 1024}, 1024, 8000) == (
-        "the positives use 2 of 1024 bank rows")
-    assert callbacks.is_collapsed({"mpp_usage": 300 / 1024}, 1024, 8000) is None
-    # A small data set cannot use more rows than it makes assignments.
-    assert callbacks.is_collapsed({"mpp_usage": 30 / 4096}, 4096, 600) is None
-    assert callbacks.is_collapsed({"rank_embedding": 1.3}, 0, 0).startswith(
+    from test_model import tiny_caco  # K = 32 rows
+
+    caco = tiny_caco()
+    # 4,000 images an epoch (8,000 MPP assignments): 2 % of the 32 rows is 0.64.
+    assert callbacks.is_collapsed({"mpp_usage": 0 / 32}, caco, 4000) == (
+        "the positives use 0 of 32 bank rows")
+    assert callbacks.is_collapsed({"mpp_usage": 3 / 32}, caco, 4000) is None
+    assert callbacks.is_collapsed({"mpp_usage": 3 / 32}, caco, 0) is None  # no count: no rule
+    assert callbacks.is_collapsed({"rank_embedding": 1.3}).startswith(
         "the embeddings' effective rank is 1.30")
-    assert callbacks.is_collapsed({"rank_embedding": 40.0}, 0, 0) is None
-    assert callbacks.is_collapsed({"uniformity": -0.05}, 0, 0).startswith(
+    assert callbacks.is_collapsed({"rank_embedding": 40.0}) is None
+    assert callbacks.is_collapsed({"uniformity": -0.05}).startswith(
         "the embeddings bunch together (uniformity -0.050")
-    assert callbacks.is_collapsed({"uniformity": -0.9}, 0, 0) is None
+    assert callbacks.is_collapsed({"uniformity": -0.9}) is None
 
 
 def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_path):
@@ -102,11 +104,16 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_
 
 
 class _Run:
-    """What HealthMonitor reads of a model: its warm-up length and step counter."""
+    """What HealthMonitor reads of a model: its warm-up length, step counter and own check."""
+
+    COLLAPSE_ADVICE = "advice"
 
     def __init__(self, warmup_steps):
         self.warmup_steps, self.unhealthy, self.stop_training = warmup_steps, None, False
         self.optimizer = types.SimpleNamespace(iterations=tf.Variable(0, dtype=tf.int64))
+
+    def collapse(self, logs, images_per_epoch):
+        return None
 
 
 def test_the_collapse_rule_judges_the_epochs_after_the_warm_up(caplog):

@@ -12,11 +12,11 @@ import tensorflow as tf
 
 from caco_tf import build, methods
 from caco_tf.training.config import load_config
+from tiny_methods import CONFIG_OVERRIDES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["model.projector_hidden=32", "model.embedding_dim=16", "method.bank_size=64",
-        "train.batch_size=8", "train.epochs=3", "method.warmup_epochs=1",
-        "evaluation.online_probe=false"]
+TINY = CONFIG_OVERRIDES + ["train.batch_size=8", "train.epochs=3",
+                           "evaluation.online_probe=false"]
 
 
 def _batches(count, seed=0):
@@ -30,12 +30,13 @@ def _state(model):
     return values
 
 
-@pytest.mark.parametrize("method", ["caco", "moco_v2", "simclr"])
+@pytest.mark.parametrize("method", list(methods.METHODS))
 def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
     keras.utils.set_random_seed(0)
     config = load_config(None, TINY + [f"method.name={method}"])
     model = build.build_model(config, steps_per_epoch=2)
-    model.fit(_batches(3), epochs=1, verbose=0)  # into the method's own phase (step 3 > 2)
+    # CaCo: into its own phase (step 3 > 2); SwAV and DINO: past their frozen heads' epoch.
+    model.fit(_batches(3), epochs=1, verbose=0)
     path = str(tmp_path / "model.keras")
     model.save(path)
     loaded = keras.models.load_model(path)
@@ -45,7 +46,7 @@ def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
             == {k: v for k, v in model.get_config().items() if k not in networks})
     before, restored = _state(model), _state(loaded)
     assert before.keys() == restored.keys()
-    for name in before:  # encoders, key encoder, bank, momentum, pointer, optimizer, step
+    for name in before:  # student, teacher, bank, queues, center, optimizer, step
         np.testing.assert_array_equal(restored[name], before[name], err_msg=name)
     step = _batches(1, seed=1)
     model.fit(step, epochs=1, verbose=0)
@@ -105,7 +106,7 @@ def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch)
     example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     original = 'caco_tf.load_config("configs/mnist.yaml")'
     assert original in example
-    overrides = TINY + ["train.epochs=2", "train.batch_size=128", "method.bank_size=256",
+    overrides = TINY + ["train.epochs=2", "train.batch_size=128", "method.caco.bank_size=256",
                         "evaluation.knn_monitor_every=0", "train.jit_compile=false",
                         "model.widths=[8,16,16,32]"]
     example = example.replace(original, f"caco_tf.load_config("

@@ -116,13 +116,13 @@ def test_warmup_fills_the_bank_with_keys_then_resyncs():
     np.testing.assert_allclose(np.linalg.norm(model.memory_bank.rows.numpy(), axis=-1), 1.0,
                                rtol=1e-5)
     assert int(model.memory_bank.pointer.numpy()) == 0
-    assert model.train_function.warming_up
+    assert model.train_function.current == 0  # the warm-up phase
     # The first CaCo step re-syncs the key encoder to the query encoder before stepping, so
     # afterwards key = m·query_before + (1-m)·query_after.
     query_before = model.query_encoder.trainable_variables[0].numpy()
     model.fit(dataset.skip(4), epochs=1, verbose=0)
     query_after = model.query_encoder.trainable_variables[0].numpy()
-    assert not model.train_function.warming_up
+    assert model.train_function.current == 1  # the method's own steps
     np.testing.assert_allclose(model.key_encoder.trainable_variables[0].numpy(),
                                0.9 * query_before + 0.1 * query_after, rtol=1e-5, atol=1e-7)
 

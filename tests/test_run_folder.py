@@ -168,8 +168,8 @@ def test_training_onto_a_full_disk_ends_in_one_error_line(tmp_path):
                    CUDA_VISIBLE_DEVICES="")
         result = subprocess.run(
             [sys.executable, os.path.join(ROOT, "train.py"), "--run-dir", run_dir, "--quiet",
-             "--set", f"data.source=npz:{data}", "--set", "train.epochs=2", "--set", "method.warmup_epochs=1",
-             "--set", "train.batch_size=64", "--set", "method.bank_size=64",
+             "--set", f"data.source=npz:{data}", "--set", "train.epochs=2", "--set", "method.caco.warmup_epochs=1",
+             "--set", "train.batch_size=64", "--set", "method.caco.bank_size=64",
              "--set", "model.projector_hidden=32", "--set", "model.embedding_dim=16",
              "--set", "evaluation.knn_monitor_every=0", "--set", "evaluation.health_images=0"],
             cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)

@@ -61,7 +61,7 @@ def test_the_prepared_data_set_is_read_by_name_by_the_evaluation_command(tiny_di
     data_dir, _, _ = tiny_digits
     config = load_config(None, [
         "data.source=tfds:caco_tiny_digits", f"data.data_dir={data_dir}",
-        "model.projector_hidden=32", "model.embedding_dim=16", "method.bank_size=16",
+        "model.projector_hidden=32", "model.embedding_dim=16", "method.caco.bank_size=16",
         "train.batch_size=8", "evaluation.knn_k=3"])
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

@@ -36,8 +36,8 @@ def small_config(tmp_path, data_path, epochs=4):
         "name": "tiny",
         "data": {"source": f"npz:{data_path}"},
         "model": {"projector_hidden": 64, "embedding_dim": 32},
-        "method": {"bank_size": 128, "bank_lr": 0.3, "temperature": 0.1,
-                   "bank_temperature": 0.1},
+        "method": {"caco": {"bank_size": 128, "bank_lr": 0.3, "temperature": 0.1,
+                            "bank_temperature": 0.1}},
         "train": {"epochs": epochs, "batch_size": 64, "lr_warmup_epochs": 1},
     }
     path = tmp_path / "tiny.yaml"

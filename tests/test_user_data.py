@@ -241,7 +241,7 @@ def test_the_evaluation_command_takes_the_users_own_train_and_held_out(tmp_path,
 def test_the_shipped_configuration_for_own_images(tmp_path):
     """configs/folder_resnet18.yaml (issue 23, point 6) trains end to end on an ImageNet-style
     folder, ResNet-18 with the paper's asymmetric views, and scores val/ by kNN; its warm-up
-    lasts method.warmup_min_steps however few steps an epoch has."""
+    lasts method.caco.warmup_min_steps however few steps an epoch has."""
     from caco_tf import build
     from caco_tf.training import config as config_lib
 
@@ -259,8 +259,8 @@ def test_the_shipped_configuration_for_own_images(tmp_path):
         [sys.executable, os.path.join(ROOT, "train.py"), "--config", shipped,
          "--set", f"data.source=folder:{root}", "--set", "data.image_size=64",
          "--set", "train.batch_size=4", "--set", "train.epochs=2",
-         "--set", "train.lr_warmup_epochs=1", "--set", "method.bank_size=16",
-         "--set", "method.warmup_min_steps=8", "--set", "model.projector_hidden=64",
+         "--set", "train.lr_warmup_epochs=1", "--set", "method.caco.bank_size=16",
+         "--set", "method.caco.warmup_min_steps=8", "--set", "model.projector_hidden=64",
          "--set", "evaluation.knn_monitor_every=1", "--set", "evaluation.knn_k=3",
          "--set", "evaluation.knn_monitor_k=3", "--set", "evaluation.health_images=16",
          "--run-dir", str(tmp_path / "run"), "--quiet"],

@@ -15,7 +15,7 @@ from caco_tf.training.config import load_config
 from caco_tf.training.run_folder import RunFolder
 
 OVERRIDES = ["data.source=tfds:mnist", "model.projector_hidden=32", "model.embedding_dim=16",
-             "method.bank_size=32", "method.warmup_epochs=1", "train.epochs=4",
+             "method.caco.bank_size=32", "method.caco.warmup_epochs=1", "train.epochs=4",
              "train.batch_size=16", "evaluation.batch_size=32", "evaluation.knn_k=3"]
 
 

@@ -501,6 +501,18 @@ class AsymmetricViews(ImageViews):
                         ViewRecipe(**common, blur_probability=0.1, solarize_probability=0.2))
 
 
+class SymmetricViews(ImageViews):
+    """MoCo v2's two views, drawn alike (SimSiam's recipe, main_simsiam.py:229-238):
+    RandomResizedCrop (``scale``), flip, colour jitter (0.4, 0.4, 0.4, 0.1) with p = 0.8,
+    grayscale p = 0.2, Gaussian blur p = 0.5, no solarization; ImageNet mean/std."""
+
+    def __init__(self, size=224, channels=3, scale=(0.2, 1.0), blur_sigma=(0.1, 2.0),
+                 mean=None, std=None):
+        super().__init__(size, channels, mean, std)
+        self.recipes = (ViewRecipe(size=self.size, scale=tuple(scale), jitter=(0.4, 0.4, 0.4, 0.1),
+                                   blur_probability=0.5, blur_sigma=tuple(blur_sigma)),) * 2
+
+
 class MultiCropViews(ImageViews):
     """SwAV's multi-crop as the reference's multi-crop transform draws it.
 

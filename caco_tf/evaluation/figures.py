@@ -29,7 +29,8 @@ from matplotlib.figure import Figure  # no pyplot: no GUI backend needed
 from matplotlib.ticker import MaxNLocator
 
 from caco_tf import losses
-from caco_tf.build import load_run
+from caco_tf.build import load_run, method_settings
+from caco_tf.methods import CaCo
 from caco_tf.evaluation import knn, linear, protocols
 from caco_tf.training.run_folder import RunFolder
 
@@ -239,7 +240,7 @@ def make_figures(run_dir, out_dir=None, queries=6, negatives=6, points=1000, max
     monitor = (f"held-out kNN top-1 (k={evaluation_config['knn_monitor_k']}, "
                f"T={evaluation_config['knn_monitor_temperature']:g})")
     paths = [plot_prob_acc(read_history(run_dir), os.path.join(out_dir, "prob_acc.png"),
-                           warmup_epochs=config["method"]["warmup_epochs"],
+                           warmup_epochs=method_settings(config).get("warmup_epochs", 0),
                            title=f"{name}: mean max positive probability and kNN accuracy",
                            monitor_label=monitor)]
 
@@ -258,8 +259,8 @@ def make_figures(run_dir, out_dir=None, queries=6, negatives=6, points=1000, max
                            os.path.join(out_dir, "t_sne.png"),
                            title=f"{name}: t-SNE of {len(chosen)} held-out backbone features"))
 
-    if run.model.memory_bank is None or run.model.key_encoder is None:
-        return paths  # a method without a bank (simclr, none) has no MPPs to show
+    if not isinstance(run.model, CaCo):
+        return paths  # the MPPs and their surrogates are CaCo's
     # Key embeddings (key encoder, inference mode): the space the bank and its MPPs live in.
     train_keys, train_labels = knn.extract_features(run.model.key_encoder, train)
     picked = np.sort(rng.choice(len(features), size=min(queries, len(features)), replace=False))
@@ -268,7 +269,7 @@ def make_figures(run_dir, out_dir=None, queries=6, negatives=6, points=1000, max
         preprocessing.normalize(query_images), training=False).numpy()
     bank = run.model.memory_bank.rows.numpy()
     examples = query_examples(query_keys, bank, train_keys, min(negatives, len(bank) - 1),
-                              config["method"]["temperature"], seed)
+                              method_settings(config)["temperature"], seed)
     shown = np.unique(np.concatenate([examples["positive_surrogate"],
                                       examples["negative_surrogates"].ravel()]))
     shown_images = dict(zip(shown.tolist(), _images_at(train, preprocessing, shown)))

@@ -2,17 +2,19 @@
 
 import keras
 
-from caco_tf.methods.base import ContrastiveMethod
+from caco_tf.methods.contrastive import ContrastiveMethod
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class AdversarialNegatives(ContrastiveMethod):
     """The positive is the other view's key; every bank row is a negative and ascends the loss
-    (``MemoryBank.adversarial_step``, with the run's bank learning rate, momentum and
-    temperature)."""
+    (``MemoryBank.adversarial_step``, with CaCo's bank learning rate, momentum and bank
+    temperature: CaCo's ablation row reads CaCo's settings)."""
 
     method = "negative"
-    learns_bank = True
+    SETTINGS_OF = "caco"
+    BANK = True
+    LEARNS_BANK = True
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._moco_loss(query1, query2, key1, key2, bank)

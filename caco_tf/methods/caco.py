@@ -1,21 +1,23 @@
-"""The CaCo model: a ``keras.Model`` whose ``train_step`` is the paper's algorithm.
+"""The CaCo model: a ``keras.Model`` whose step is the paper's algorithm.
 
-One step, for a batch of images seen as two augmented views x1, x2:
+One step, for a batch of images seen as two augmented views x1, x2 (``Method._step``):
 
-1. keys k1, k2 from the momentum (key) encoder, and queries z1, z2 from the query encoder;
-2. from the pre-step bank: for each image, the Most Probable Positive of the *other* view,
-   j+ = argmax_j p(b_j | k) (eq. max_prob); the symmetric loss (eq. caco)
-   CE(z1·B̂ᵀ/τ, j+(k2)) + CE(z2·B̂ᵀ/τ, j+(k1)) and its gradient with respect to the queries;
-   the bank's cooperative-adversarial step (eq. real_update) from the same queries and bank,
-   averaged over the global batch, with SGD momentum (``caco_tf.bank``'s two tiled passes);
+1. keys k1, k2 from the momentum (key) encoder, stacked [k²; k¹];
+2. queries z1, z2 from the query encoder, stacked [z¹; z²]; from the pre-step bank, for each
+   image, the Most Probable Positive of the *other* view, j+ = argmax_j p(b_j | k) (eq.
+   max_prob); the symmetric loss (eq. caco) CE(z1·B̂ᵀ/τ, j+(k2)) + CE(z2·B̂ᵀ/τ, j+(k1)) and its
+   exact gradient with respect to the queries; the bank's cooperative-adversarial step (eq.
+   real_update) from the same queries and bank, averaged over the global batch, with SGD
+   momentum (``caco_tf.bank``'s two tiled passes);
 3. the encoder descends the loss;
 4. the key encoder's parameters move towards the query encoder's (EMA, cosine momentum).
 
-Before the CaCo phase a warm-up pass (``warmup_steps``, one epoch in the configs) trains the
-encoder with a MoCo-style loss against the bank while filling the bank FIFO with real key
-embeddings, as the reference does; the key encoder is then re-synced to the query encoder
-(``ContrastiveMethod``, which holds the template of the step, the encoders, the bank and the
-Keras plumbing).
+Multi-crop (SwAV's protocol, as the reference does it): the MPPs come from the keys of the two
+global crops; each local crop's query is trained against the MPPs of both.
+
+Before the CaCo phase the bank warm-up (``bank_warmup``, one epoch in the configs) trains the
+encoder with a MoCo-style loss against the bank while filling it FIFO with real key embeddings,
+as the reference does; the key encoder is then re-synced to the query encoder.
 """
 
 import keras
@@ -23,24 +25,50 @@ import tensorflow as tf
 
 from caco_tf import bank as bank_lib
 from caco_tf import health, losses
-from caco_tf.methods.base import Contrast, ContrastiveMethod, _crops
+from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.base import Objective
+from caco_tf.methods.contrastive import ContrastiveMethod
+from caco_tf.training.config import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class CaCo(ContrastiveMethod):
     """Cooperative-adversarial contrastive learning (Wang et al., CaCo).
 
-    Arguments: ``ContrastiveMethod``'s.  ``bank_size`` is K (positives and negatives share
-    the bank); with ``multi_crop`` the batches hold two global crops then local crops
-    (``caco_tf.data.augment.MultiCropViews``) and ``train_step`` is ``multicrop_train_step``;
-    the backbone must then accept every crop size (input shape (None, None, C)).
+    Defaults: the authors' ImageNet recipe (the paper and its reference code,
+    ``/work/shared/notes/reference-code.md``).  ``bank_size`` is K (positives and negatives
+    share the bank); with ``multi_crop`` the batches hold two global crops then local crops
+    (``caco_tf.data.augment.MultiCropViews``) and the backbone must accept every crop size
+    (input shape (None, None, C)).
     """
 
     method = "caco"
-    learns_bank = True
-    supports_multi_crop = True
+    SETTINGS = {
+        "bank_size": Setting(
+            65536, integer(1), "K, the bank's rows (positives and negatives share them)"),
+        "temperature": Setting(0.08, number(0.0, low_open=True), "tau of the encoder's loss"),
+        "bank_temperature": Setting(
+            0.08, number(0.0, low_open=True), "tau of the bank's update"),
+        "bank_lr": Setting(3.0, number(0.0), "the bank's learning rate (cosine-decayed)",
+                           schedule="cosine to 0", argument="bank_learning_rate"),
+        "bank_momentum": Setting(
+            0.9, number(0.0, 1.0, high_open=True), "the SGD momentum of the bank's update"),
+        "key_momentum": Setting(
+            0.99, number(0.0, 1.0), "the key encoder's EMA momentum at the start (it rises to "
+            "1 on a cosine)", schedule="cosine to 1"),
+        **warmup_settings(epochs=1),
+    }
+    BANK = True
+    LEARNS_BANK = True
+    MULTI_CROP = True
+    EXACT_GRADIENT = True
+    COLLAPSE_ADVICE = ("lengthen the warm-up (method.caco.warmup_epochs, "
+                       "method.caco.warmup_min_steps) so that the key encoder follows before the "
+                       "resync, raise method.caco.bank_lr if it is far below 0.3, or raise "
+                       "method.caco.temperature")
 
     def _create_method_trackers(self):
+        super()._create_method_trackers()
         self.contrast_top1 = keras.metrics.Mean(name="contrast_top1")
         self.positive_probability = keras.metrics.Mean(name="mpp_prob")
         self.distinct_positives = keras.metrics.Mean(name="distinct_mpp")
@@ -48,100 +76,83 @@ class CaCo(ContrastiveMethod):
 
     def method_metrics(self):
         return [self.contrast_top1, self.positive_probability, self.distinct_positives,
-                self.positive_histogram]
+                self.positive_histogram] + super().method_metrics()
 
     # ------------------------------------------------------------------ the algorithm
-    def train_step(self, data):
-        """The paper's step (``ContrastiveMethod.train_step``, with step 2 ``contrast``), or
-        ``multicrop_train_step`` for multi-crop batches."""
-        if self.multi_crop:
-            return self.multicrop_train_step(data)
-        return super().train_step(data)
+    def forward(self, crops, training):
+        """Queries [z¹; z²] of the global crops; with local crops, also every local crop's
+        query twice, [zˡ; zˡ], once for each global crop's MPP."""
+        queries = super().forward(crops, training)
+        if len(crops) == 2:
+            return queries
+        local = [self.query_encoder(crop, training=training) for crop in crops[2:]]
+        return queries, tf.concat([tf.concat([query, query], 0) for query in local], 0)
 
-    def contrast(self, queries, keys, step):
-        """Step 2, everything that touches the K×D bank, in two passes over its tiles.
+    def objective(self, outputs, keys, step):
+        """Steps 2 and 3, everything that touches the K×D bank, in two passes over its tiles.
 
         From the pre-step bank: the MPPs j+ of ``keys`` [k²; k¹] (eq. max_prob), the symmetric
-        loss of ``queries`` [z¹; z²] (eq. caco) and its gradient with respect to them, and the
+        loss of the queries [z¹; z²] (eq. caco) and its gradient with respect to them, and the
         bank's cooperative-adversarial momentum step (eq. real_update), assigned on every
-        replica.
+        replica.  Local crops add twice the mean over their pairs, to the loss and to the
+        bank's gradient (twice the reference's mean over global pairs + mean over local pairs,
+        so that without local crops this is exactly the two-view step).
         """
+        queries, local = outputs if isinstance(outputs, tuple) else (outputs, None)
         bank = self.memory_bank.read()
         statistics = self.memory_bank.statistics(queries, keys, bank, self.temperature,
                                                  self.bank_temperature)
         loss, positive_unit = self._caco_loss(queries, bank, statistics)
-        expected_unit, bank_lr = self.memory_bank.cooperative_adversarial_step(
-            queries, statistics, bank, self.temperature, self.bank_temperature, step)
+        if local is None:
+            expected_unit, bank_lr = self.memory_bank.cooperative_adversarial_step(
+                queries, statistics, bank, self.temperature, self.bank_temperature, step)
+        else:
+            expected_unit, gradient = bank_lib.tiled_caco_gradient(
+                queries, statistics, bank, self.temperature, self.bank_temperature, 2,
+                self.memory_bank.tile_rows)
+            local_loss, local_gradient, bank_gradient = self._local_crops(
+                local, bank, statistics.positive_index)
+            loss += local_loss
+            bank_lr = self.memory_bank.momentum_step(bank, gradient + bank_gradient, step,
+                                                     tf.shape(queries)[0] // 2)
         # d loss / d z_n = (2 / N) (Σ_j p_nj b̂_j - b̂_{j+}) / τ.
         count = tf.cast(tf.shape(queries)[0], tf.float32)
         query_gradient = (expected_unit - positive_unit) * (2.0 / (count * self.temperature))
-        return Contrast(loss, query_gradient, bank_lr, statistics)
+        gradients = query_gradient if local is None else (query_gradient, local_gradient)
+        return Objective(loss, gradients, {"statistics": statistics, "bank_lr": bank_lr})
 
-    def evaluation_loss(self, queries, keys):
+    def update_state(self, outputs, keys, step):
+        """Nothing: the bank stepped in ``objective``, in the same pass as the loss."""
+
+    def _local_crops(self, local, bank, positive_index):
+        """The local crops' share: twice the mean CE against both global crops' MPPs, its
+        gradient with respect to the local queries, and the bank's sign-flipped gradient."""
+        positives = tf.tile(positive_index, [tf.shape(local)[0] // tf.shape(positive_index)[0]])
+        bank_unit = losses.l2_normalize(bank)
+        with tf.GradientTape() as tape:
+            tape.watch(local)
+            loss = 2.0 * tf.reduce_mean(losses.caco_loss(local, bank_unit, positives,
+                                                         self.temperature))
+        bank_gradient = 2.0 * bank_lib.cooperative_adversarial_gradient(
+            local, bank, positives, self.bank_temperature)
+        return loss, tape.gradient(loss, local), bank_gradient
+
+    def method_loss(self, outputs, keys, step):
+        """The loss without any update (evaluation), from the global crops."""
+        queries = outputs[0] if isinstance(outputs, tuple) else outputs
         bank = self.memory_bank.read()
         statistics = self.memory_bank.statistics(queries, keys, bank, self.temperature,
                                                  self.bank_temperature)
-        return self._caco_loss(queries, bank, statistics)[0], statistics
+        return self._caco_loss(queries, bank, statistics)[0], {"statistics": statistics}
 
-    def multicrop_train_step(self, data):
-        """The CaCo step over multi-crop batches (SwAV's protocol, as the reference does it).
-
-        ``data`` holds the two global crops, then any number of local crops.  MPP indices come
-        from the key embeddings of the two global crops only: each global crop's query is
-        trained against the other global crop's MPP, each local crop's query against the MPPs
-        of both global crops.  The loss is the two-view loss over the global pairs (a sum, as
-        ``train_step``'s) plus twice the mean over the local pairs: twice the reference's
-        (mean over global pairs + mean over local pairs), so that with no local crop this step
-        is exactly the two-view step.  The bank's gradient weights the same pairs the same way,
-        from the pre-step queries and bank.  Warm-up and evaluation use the global crops.
-        """
-        crops = _crops(data)
-        global1, global2, local = crops[0], crops[1], crops[2:]
-        step = self.optimizer.iterations
-        learning_rate = self._encoder_learning_rate()
-
-        keys = self._keys(global1, global2, training=True)
-        bank = self.memory_bank.read()
-        bank_unit = losses.l2_normalize(bank)
-
-        with tf.GradientTape() as tape:
-            query1 = self.query_encoder(global1, training=True)
-            query2 = self.query_encoder(global2, training=True)
-            local_queries = tf.concat(
-                [tf.concat([query, query], 0) for query in
-                 (self.query_encoder(crop, training=True) for crop in local)], 0) if local \
-                else None
-            queries = tf.concat([query1, query2], 0)
-            statistics = self.memory_bank.statistics(
-                tf.stop_gradient(queries), keys, bank, self.temperature, self.bank_temperature)
-            positive_index = statistics.positive_index
-            # Every local crop's query, once against each global crop's MPP: [2 L N] pairs.
-            local_positives = tf.tile(positive_index, [len(local)])
-            loss = 2.0 * tf.reduce_mean(losses.caco_loss(queries, bank_unit, positive_index,
-                                                         self.temperature))
-            if local:
-                loss += 2.0 * tf.reduce_mean(losses.caco_loss(
-                    local_queries, bank_unit, local_positives, self.temperature))
-        self._descend(tape, loss)
-
-        gradient = bank_lib.cooperative_adversarial_gradient(
-            queries, bank, positive_index, self.bank_temperature, views=2)
-        if local:
-            gradient += 2.0 * bank_lib.cooperative_adversarial_gradient(
-                local_queries, bank, local_positives, self.bank_temperature)
-        bank_lr = self.memory_bank.momentum_step(bank, gradient, step, tf.shape(query1)[0])
-        self.key_encoder.follow(self.query_encoder, step)
-
-        self._track(Contrast(loss, None, bank_lr, statistics), learning_rate)
-        self._track_views(query1, query2)
-        self._probe_step(data, global1)
-        return self._logs()
-
-    def _warmup_diagnostics(self, query1, query2, key1, key2, bank):
+    def warmup_diagnostics(self, query1, query2, key1, key2, bank):
         """The CaCo step's diagnostics during the warm-up, against the bank it read."""
-        return self.memory_bank.statistics(tf.concat([query1, query2], 0),
-                                           tf.concat([key2, key1], 0), bank, self.temperature,
-                                           self.bank_temperature)
+        return {"statistics": self.memory_bank.statistics(
+            tf.concat([query1, query2], 0), tf.concat([key2, key1], 0), bank,
+            self.temperature, self.bank_temperature)}
+
+    def view_embeddings(self, outputs):
+        return super().view_embeddings(outputs[0] if isinstance(outputs, tuple) else outputs)
 
     # ------------------------------------------------------------------ pieces of a step
     def _caco_loss(self, queries, bank, statistics):
@@ -155,8 +166,9 @@ class CaCo(ContrastiveMethod):
                      - tf.reduce_sum(queries * positive_unit, axis=-1) / self.temperature)
         return 2.0 * tf.reduce_mean(per_query), positive_unit
 
-    def _track_diagnostics(self, statistics):
+    def track_diagnostics(self, diagnostics):
         """The MPP diagnostics, from the ``BankStatistics`` of the step's stacked views."""
+        statistics = diagnostics["statistics"]
         positive_index = statistics.positive_index
         self.contrast_top1.update_state(tf.reduce_mean(tf.cast(
             tf.equal(statistics.nearest_index, positive_index), tf.float32)))
@@ -168,6 +180,21 @@ class CaCo(ContrastiveMethod):
         self.distinct_positives.update_state(tf.reduce_sum(tf.maximum(used, 0)))
         self.positive_histogram.update_state(positive_index)
         self.bank_norm.update_state(statistics.mean_norm)
+        self.bank_lr_tracker.update_state(diagnostics.get("bank_lr", 0.0))
+
+    def collapse(self, logs, images_per_epoch):
+        """The positives crowd onto a few bank rows: under 2 % of what the epoch could use
+        (min(K, its 2 MPP assignments an image))."""
+        if "mpp_usage" not in logs or not images_per_epoch:
+            return None
+        rows = float(logs["mpp_usage"]) * self.memory_bank.size
+        usable = min(self.memory_bank.size, 2 * images_per_epoch)
+        if rows < COLLAPSE_USAGE * usable:
+            return f"the positives use {rows:.0f} of {usable} bank rows"
+        return None
+
+
+COLLAPSE_USAGE = 0.02  # distinct MPP rows / min(K, MPP assignments of the epoch)
 
 
 class PositiveHistogram(keras.metrics.Metric):
@@ -192,4 +219,3 @@ class PositiveHistogram(keras.metrics.Metric):
 
     def reset_state(self):
         self.counts.assign(tf.zeros_like(self.counts))
-

@@ -2,16 +2,17 @@
 
 import keras
 
-from caco_tf.methods.base import ContrastiveMethod
+from caco_tf.methods.contrastive import ContrastiveMethod
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class InBatch(ContrastiveMethod):
     """In-batch InfoNCE with a momentum key encoder: query z¹'s positive is the other view's key
-    k² of the same image, its negatives the other images' keys k²_j of the global batch."""
+    k² of the same image, its negatives the other images' keys k²_j of the global batch.  CaCo's
+    ablation row: it reads CaCo's settings."""
 
     method = "none"
-    uses_bank = False
+    SETTINGS_OF = "caco"
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._batch_loss(query1, key2, key2) + self._batch_loss(query2, key1, key1)

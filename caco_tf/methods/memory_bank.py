@@ -51,6 +51,9 @@ class MemoryBank(keras.layers.Layer):
     def size(self):
         return int(self.rows.shape[0])
 
+    def describe(self):
+        return f"K × D = {self.size:,} × {self.rows.shape[1]} rows, momentum, FIFO pointer"
+
     def read(self):
         """The rows as a tensor: the pre-step bank every part of a step reads."""
         return tf.convert_to_tensor(self.rows)

@@ -1,21 +1,34 @@
 """MoCo v2 (symmetrized): the other view's key against a FIFO queue of past keys."""
 
 import keras
-import tensorflow as tf
 
-from caco_tf.methods.base import ContrastiveMethod
+from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.contrastive import ContrastiveMethod
+from caco_tf.training.config import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class MoCoV2(ContrastiveMethod):
     """Query z¹'s positive is the other view's key k²; its negatives every row of a FIFO queue
-    of past view-1 keys (the bank, written after each step and never trained)."""
+    of past view-1 keys (the bank, written after each step and never trained).
+
+    Defaults: MoCo v2's ImageNet recipe (facebookresearch/moco main_moco.py: ``--moco-k
+    65536``, ``--moco-t 0.2``, ``--moco-m 0.999``, a constant momentum), the loss symmetrized as
+    in the CaCo paper's Table memory_size.
+    """
 
     method = "moco_v2"
+    SETTINGS = {
+        "bank_size": Setting(65536, integer(1), "K, the queue's rows (the negatives)"),
+        "temperature": Setting(0.2, number(0.0, low_open=True), "tau of the loss"),
+        "key_momentum": Setting(0.999, number(0.0, 1.0), "the key encoder's EMA momentum",
+                                schedule="constant"),
+        **warmup_settings(epochs=0),
+    }
+    BANK = True
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._moco_loss(query1, query2, key1, key2, bank)
 
     def update_bank(self, query1, query2, key1, key2, bank, step):
         self.memory_bank.enqueue(key1, bank)
-        return tf.constant(0.0)

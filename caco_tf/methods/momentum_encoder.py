@@ -1,4 +1,10 @@
-"""The query encoder φ_θ and the momentum (key) encoder that follows it."""
+"""The student's embedding network and the momentum (teacher) encoder that follows it.
+
+The embedding network is backbone → projector → L2 normalization (φ_θ of the CaCo paper, the
+space of every bank, queue and health measure).  A teacher is a copy of that chain, ending in
+the heads the teacher shares with the student (DINO's last layer), whose parameters follow the
+student's by an EMA.
+"""
 
 import keras
 
@@ -6,57 +12,67 @@ from caco_tf.training import distribute
 from caco_tf.training.optimizers import as_schedule
 
 
-def build_encoder(backbone, projector, name):
-    """backbone → projector → L2 normalization: the query/key encoder φ_θ of the paper."""
-    return keras.Model(*_encoder_graph(backbone, projector), name=name)
+def build_encoder(backbone, projector, name, heads=()):
+    """backbone → projector → L2 normalization (→ heads): the query/key encoder φ_θ."""
+    return keras.Model(*_encoder_graph(backbone, projector, heads), name=name)
 
 
-def _encoder_graph(backbone, projector):
+def _encoder_graph(backbone, projector, heads=()):
     inputs = keras.Input(backbone.input_shape[1:])
     # float32 whatever the policy: the embedding feeds the bank's logits, softmax and loss.
-    return inputs, keras.layers.UnitNormalization(name="l2_normalize", dtype="float32")(
+    outputs = keras.layers.UnitNormalization(name="l2_normalize", dtype="float32")(
         projector(backbone(inputs)))
+    for head in heads:
+        outputs = head(outputs)
+    return inputs, outputs
 
 
 def features_and_embeddings(encoder, images, training=False):
     """An encoder's backbone features and its embeddings from one pass of the backbone: the
     encoder is the chain that ``_encoder_graph`` makes (input, backbone, projector, norm)."""
-    _, backbone, projector, normalize = encoder.layers
+    _, backbone, projector, normalize = encoder.layers[:4]
     features = backbone(images, training=training)
     return features, normalize(projector(features, training=training))
 
 
 class MomentumEncoder(keras.Model):
-    """The key encoder: a structural copy of the query encoder whose parameters follow it.
+    """The teacher: a structural copy of the student's chain whose parameters follow it.
 
-    Its parameters start equal to the query encoder's and move towards them by an EMA after
-    every step (``follow``); its BatchNorm statistics are its own, as in the reference, which
-    runs it in training mode.  ``sync`` copies the query encoder outright (after the warm-up).
-    A functional model: the same layers, names and saved layout as the query encoder.
+    Its parameters start equal to the student's and move towards them by an EMA after every
+    step (``follow``); its BatchNorm statistics are its own, as in the references (CaCo, BYOL,
+    MoCo v3, DINO), which run it in training mode.  ``sync`` copies the student outright (after
+    the warm-up).  A functional model: the same layers, names and saved layout as the chain.
     """
 
-    def __init__(self, backbone, projector, momentum=0.99, name="key_encoder"):
-        super().__init__(*_encoder_graph(backbone, projector), name=name)
+    def __init__(self, backbone, projector, momentum=0.99, name="key_encoder", heads=()):
+        super().__init__(*_encoder_graph(backbone, projector, heads), name=name)
         self.momentum = as_schedule(momentum)  # m, a float or a schedule of the step
 
     @classmethod
-    def following(cls, query_encoder, backbone, projector, momentum=0.99):
-        """A key encoder built from copies of ``backbone`` and ``projector``, equal to
-        ``query_encoder`` (built on them)."""
+    def following(cls, student, backbone, projector, momentum=0.99, heads=()):
+        """A teacher built from copies of ``backbone``, ``projector`` and ``heads``, equal to
+        the student's chain: ``student``, the embedding network then the heads (their weights,
+        BatchNorm statistics included, in the teacher's order)."""
         encoder = cls(keras.models.clone_model(backbone), keras.models.clone_model(projector),
-                      momentum)
-        encoder.set_weights(query_encoder.get_weights())
+                      momentum, heads=[_copy_layer(head) for head in heads])
+        encoder.set_weights([w for part in student for w in part.get_weights()])
         return encoder
 
-    def follow(self, query_encoder, step):
-        """θ_k ← m θ_k + (1 - m) θ_q for every parameter (not the BatchNorm statistics), with
+    def follow(self, student_variables, step):
+        """θ_t ← m θ_t + (1 - m) θ_s for every parameter (not the BatchNorm statistics), with
         the momentum of ``step``."""
         momentum = self.momentum(step)
-        keys, queries = self.trainable_variables, query_encoder.trainable_variables
+        teacher = self.trainable_variables
         distribute.assign_in_sync(
-            keys, [momentum * k + (1.0 - momentum) * q for k, q in zip(keys, queries)])
+            teacher, [momentum * t + (1.0 - momentum) * s
+                      for t, s in zip(teacher, student_variables)])
 
-    def sync(self, query_encoder):
-        """θ_k ← θ_q."""
-        for key, query in zip(self.trainable_variables, query_encoder.trainable_variables):
-            key.assign(query)
+    def sync(self, student_variables):
+        """θ_t ← θ_s for every parameter."""
+        for teacher, student in zip(self.trainable_variables, student_variables):
+            teacher.assign(student)
+
+
+def _copy_layer(layer):
+    """A new layer of ``layer``'s class and configuration (its own, unbuilt variables)."""
+    return layer.__class__.from_config(layer.get_config())

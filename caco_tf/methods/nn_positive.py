@@ -4,15 +4,18 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.base import ContrastiveMethod
+from caco_tf.methods.contrastive import ContrastiveMethod
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class NearestNeighbourPositive(ContrastiveMethod):
     """The positive is the nearest neighbour of the other view's key in a FIFO queue of past
-    keys (the bank, never trained); the negatives are the global batch's keys."""
+    keys (the bank, never trained); the negatives are the global batch's keys.  CaCo's
+    ablation row: it reads CaCo's settings."""
 
     method = "positive"
+    SETTINGS_OF = "caco"
+    BANK = True
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         queue = losses.l2_normalize(bank)
@@ -21,7 +24,6 @@ class NearestNeighbourPositive(ContrastiveMethod):
 
     def update_bank(self, query1, query2, key1, key2, bank, step):
         self.memory_bank.enqueue(key1, bank)
-        return tf.constant(0.0)
 
 
 def nearest_neighbour(keys, queue_unit):

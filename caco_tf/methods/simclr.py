@@ -4,18 +4,27 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.base import ContrastiveMethod
+from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.contrastive import ContrastiveMethod
 from caco_tf.training import distribute
+from caco_tf.training.config import Setting, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class SimCLR(ContrastiveMethod):
     """Anchor z¹'s positive is z², the other view's query; its negatives the other 2N-2 queries
-    of the global batch.  No key encoder, no bank."""
+    of the global batch.  No key encoder, no bank.
+
+    Defaults: SimCLR's ImageNet recipe (google-research/simclr ``--temperature 0.1`` at batch
+    4,096).
+    """
 
     method = "simclr"
-    uses_bank = False
-    uses_key_encoder = False
+    SETTINGS = {
+        "temperature": Setting(0.1, number(0.0, low_open=True), "tau of NT-Xent"),
+        **warmup_settings(epochs=0, own_bank=False, own_keys=False),
+    }
+    TEACHER = None
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         embeddings = tf.concat([query1, query2], axis=0)

@@ -25,7 +25,7 @@ from keras import layers
 
 from caco_tf.nets.layers import BatchNormalization
 
-__all__ = ["BACKBONE_NAMES", "build_backbone", "build_projector"]
+__all__ = ["BACKBONE_NAMES", "build_backbone", "build_mlp", "build_projector"]
 
 # torch's BatchNorm defaults: torch momentum 0.1 weights the *new* batch
 # statistic, Keras momentum weights the *old* moving value, so 1 - 0.1 = 0.9.
@@ -301,16 +301,53 @@ def build_projector(
     L2-normalizes it. Layer names are the indices of the torch
     ``nn.Sequential`` (Linear at 0/3/6, BatchNorm1d at 1/4, ReLU at 2/5).
     """
+    return build_mlp(input_dim, hidden_dim, output_dim, sync_batchnorm=sync_batchnorm,
+                     name=name)
+
+
+def build_mlp(
+    input_dim: int,
+    hidden_dim: int,
+    output_dim: int,
+    layers_count: int = 3,
+    bias: bool = False,
+    hidden_batchnorm: bool = True,
+    last_batchnorm: Optional[str] = None,
+    activation: str = "relu",
+    sync_batchnorm: bool = False,
+    name: str = "projector",
+) -> keras.Model:
+    """An MLP head, as the methods' references build their projectors and predictors.
+
+    ``layers_count`` Linear layers; every hidden one followed by BatchNorm (unless
+    ``hidden_batchnorm`` is False) and ``activation`` (relu or gelu); the last followed by
+    BatchNorm when ``last_batchnorm`` is ``"affine"`` or ``"plain"`` (no scale or shift:
+    PyTorch's ``affine=False``).  ``bias``: every Linear has one (a Linear followed by
+    BatchNorm never does: BatchNorm's shift replaces it).  Layers are named by their index in
+    the torch ``nn.Sequential`` (``fc_0``, ``fc_1``, ...), as ``build_projector``'s.
+    """
     inputs = keras.Input(shape=(int(input_dim),), dtype="float32", name="features")
-    x = inputs
-    for i in range(2):
-        base = 3 * i
-        x = layers.Dense(
-            hidden_dim, use_bias=False, kernel_initializer=_dense_init(), name=f"fc_{base}"
-        )(x)
-        x = _batch_norm(f"fc_{base + 1}", sync_batchnorm)(x)
-        x = layers.ReLU(name=f"fc_{base + 2}")(x)
-    outputs = layers.Dense(
-        output_dim, use_bias=False, kernel_initializer=_dense_init(), name="fc_6"
-    )(x)
-    return keras.Model(inputs, outputs, name=name)
+    x, index = inputs, 0
+
+    def dense(width, followed_by_norm):
+        nonlocal index
+        layer = layers.Dense(width, use_bias=bias and not followed_by_norm,
+                             kernel_initializer=_dense_init(), name=f"fc_{index}")
+        index += 1
+        return layer
+
+    for _ in range(int(layers_count) - 1):
+        x = dense(hidden_dim, hidden_batchnorm)(x)
+        if hidden_batchnorm:
+            x = _batch_norm(f"fc_{index}", sync_batchnorm)(x)
+            index += 1
+        x = layers.Activation(activation, name=f"fc_{index}")(x) if activation != "relu" \
+            else layers.ReLU(name=f"fc_{index}")(x)
+        index += 1
+    x = dense(output_dim, last_batchnorm is not None)(x)
+    if last_batchnorm is not None:
+        plain = last_batchnorm == "plain"
+        x = BatchNormalization(momentum=_BN_MOMENTUM, epsilon=_BN_EPSILON,
+                               synchronized=sync_batchnorm, center=not plain, scale=not plain,
+                               name=f"fc_{index}")(x)
+    return keras.Model(inputs, x, name=name)

@@ -104,3 +104,31 @@ def recalibrate_batchnorm(model, batches):
         for layer, momentum in zip(norms, momenta):
             layer.momentum = momentum
     return seen
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
+class NormalizedDense(keras.layers.Layer):
+    """A linear layer without bias whose every output unit's weight vector has unit norm:
+    y = x · (V / ‖V‖), each column of V normalized.  PyTorch's ``weight_norm`` with its scale g
+    fixed to 1 (DINO's last layer, ``norm_last_layer``); the gradient reaches V through the
+    normalization.  Initialized as DINO's: a normal of standard deviation 0.02."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = int(units)
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(
+            shape=(int(input_shape[-1]), self.units), name="kernel",
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02))
+
+    def call(self, inputs):
+        kernel = tf.math.l2_normalize(tf.cast(self.kernel, self.compute_dtype), axis=0,
+                                      epsilon=1e-12)
+        return tf.matmul(tf.cast(inputs, self.compute_dtype), kernel)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}

@@ -238,7 +238,8 @@ def resume_point(config, epoch, steps_per_epoch):
     """(our epoch, optimizer step) that continue the authors' ``epoch`` finished CaCo epochs.
 
     The reference fills its bank in a separate pass before epoch 0; our runs count that pass
-    as ``method.warmup_epochs`` of ``train.epochs``, so E of theirs is warmup_epochs + E of ours.
+    as ``method.caco.warmup_epochs`` of ``train.epochs``, so E of theirs is warmup_epochs + E of
+    ours.
     """
-    ours = min(config["method"]["warmup_epochs"] + epoch, config["train"]["epochs"])
+    ours = min(config["method"]["caco"]["warmup_epochs"] + epoch, config["train"]["epochs"])
     return ours, ours * steps_per_epoch

@@ -269,27 +269,22 @@ class Throughput(keras.callbacks.Callback):
         logs["data_wait"] = min(1.0, getattr(self.model, "input_wait", 0.0) / elapsed)
 
 
-# Collapse thresholds (documented in docs/health.md), measured on the
-# offline digits (validation split): healthy runs kept uniformity at -0.44 or below, a run whose
+# Collapse thresholds of every method (documented in docs/health.md), measured on the offline
+# digits (validation split): healthy runs kept uniformity at -0.44 or below, a run whose
 # warm-up was too short bunched its embeddings to -0.02...-0.08 within an epoch of the resync.
-COLLAPSE_USAGE = 0.02        # distinct MPP rows / min(K, MPP assignments of the epoch)
+# Each method adds the check of its own known failure (``Method.collapse``).
 COLLAPSE_UNIFORMITY = -0.2   # the views' embeddings all near one point (0: a single point)
 COLLAPSE_RANK = 2.0          # RankMe of the embeddings
-COLLAPSE_ADVICE = ("lengthen the warm-up (method.warmup_epochs, method.warmup_min_steps) so "
-                   "that the key encoder follows before the resync, raise method.bank_lr if it "
-                   "is far below 0.3, or raise method.temperature")
 
 
-def is_collapsed(logs, bank_size, assignments):
-    """Why an epoch's ``logs`` show a collapse, or None: the MPP rows used are under
-    ``COLLAPSE_USAGE`` of what the epoch could use (min(K, its MPP assignments)), the
-    embeddings' uniformity is above ``COLLAPSE_UNIFORMITY``, or their effective rank is under
-    ``COLLAPSE_RANK``."""
-    if "mpp_usage" in logs and bank_size and assignments:
-        rows = float(logs["mpp_usage"]) * bank_size
-        usable = min(bank_size, assignments)
-        if rows < COLLAPSE_USAGE * usable:
-            return f"the positives use {rows:.0f} of {usable} bank rows"
+def is_collapsed(logs, model=None, images_per_epoch=0):
+    """Why an epoch's ``logs`` show a collapse, or None: the method's own check
+    (``model.collapse``: CaCo's positives on a few bank rows, SimSiam's spread, SwAV's loss at
+    ln K, DINO's uniform teacher), the embeddings' uniformity above ``COLLAPSE_UNIFORMITY``, or
+    their effective rank under ``COLLAPSE_RANK``."""
+    reason = model.collapse(logs, images_per_epoch) if model is not None else None
+    if reason:
+        return reason
     if "uniformity" in logs and float(logs["uniformity"]) > COLLAPSE_UNIFORMITY:
         return (f"the embeddings bunch together (uniformity {float(logs['uniformity']):.3f}, "
                 f"above {COLLAPSE_UNIFORMITY})")
@@ -306,22 +301,20 @@ class HealthMonitor(keras.callbacks.Callback):
     and ``mpp_entropy``.
 
     A collapse (``is_collapsed``, judged from the first epoch that ends after the warm-up)
-    prints one warning line saying what to change, once;
+    prints one warning line saying what to change (the method's ``COLLAPSE_ADVICE``), once;
     ``stop_on_collapse`` also stops the run, keeping the last good checkpoint.  A NaN or Inf
     loss always stops the run at once, keeps the last good checkpoint and says at which step:
     ``model.unhealthy`` then holds the reason (``Resume`` and ``Checkpoint`` save nothing more).
 
     Args:
       sample: batches of normalized images (or (images, labels)), the same every epoch.
-      bank_size, assignments_per_epoch: K, and the MPP assignments an epoch makes (2 × images).
+      images_per_epoch: the images an epoch trains on (CaCo's check counts its MPP assignments).
       stop_on_collapse: stop the run when a collapse shows.
     """
 
-    def __init__(self, sample=None, bank_size=0, assignments_per_epoch=0,
-                 stop_on_collapse=False):
+    def __init__(self, sample=None, images_per_epoch=0, stop_on_collapse=False):
         super().__init__()
-        self.sample, self.bank_size = sample, int(bank_size)
-        self.assignments = int(assignments_per_epoch)
+        self.sample, self.images_per_epoch = sample, int(images_per_epoch)
         self.stop_on_collapse = bool(stop_on_collapse)
         self.warned = False
         self._encode = None
@@ -350,11 +343,12 @@ class HealthMonitor(keras.callbacks.Callback):
             logs.update(self.ranks())
         if self.in_warmup():
             return  # recorded, not judged: early training bunches and spreads again (below)
-        reason = is_collapsed(logs, self.bank_size, self.assignments)
+        reason = is_collapsed(logs, self.model, self.images_per_epoch)
         if reason and not self.warned:
             self.warned = True
             logging.getLogger("caco_tf").warning(
-                "warning: collapse after epoch %d: %s; %s", epoch + 1, reason, COLLAPSE_ADVICE)
+                "warning: collapse after epoch %d: %s; %s", epoch + 1, reason,
+                self.model.COLLAPSE_ADVICE)
         if reason and self.stop_on_collapse:
             self.model.unhealthy = f"a collapse after epoch {epoch + 1} ({reason})"
             self.model.stop_training = True

@@ -1,14 +1,19 @@
 """Run configuration: defaults as data, YAML files on top, ``--set key=value`` on top of that.
 
-Every key a run accepts is declared once, in ``SETTINGS``: its default, what it accepts and one
-line of help (``DEFAULTS``, ``RULES`` and the documentation's configuration reference are derived
-from it).  An unknown key, a value of the wrong type or a key renamed since (``caco.X``, now
-``method.X``) is a ``ConfigError`` with a one-line message, never a traceback deep inside
+Every key a run accepts is declared once: the run's own in ``CORE_SETTINGS`` below, each
+method's in its ``SETTINGS``, beside the method (``caco_tf.methods``), as the section
+``method.<name>``.  ``SETTINGS`` is the whole table (``DEFAULTS``, ``RULES`` and the
+documentation's configuration reference are derived from it); a configuration carries the
+settings of every method, so ``--set method.name=M`` trains M with M's own.  An unknown key, a
+value of the wrong type or a key renamed since (``caco.X`` in 0.2, ``method.X`` in 0.3, now
+``method.caco.X``) is a ``ConfigError`` with a one-line message, never a traceback deep inside
 training; a configuration this library saved in an older layout loads as it is
 (``upgrade_saved_config``).
 """
 
+import collections
 import copy
+import functools
 import os
 
 import yaml
@@ -20,15 +25,15 @@ __all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "Setting", "changed_settings",
            "parse_assignment", "upgrade_saved_config"]
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker")
-# method.name: CaCo or one of the paper's ablation rows / baselines (caco_tf.methods).
-METHODS = ("caco", "none", "positive", "negative", "moco_v2", "simclr")
 
 
 def _check_type(name, value):
-    setting = SETTINGS[name]
+    setting = _tables().settings[name]
     expected = setting.type
     if value is None and setting.default is None:
         return None
+    if setting.schedule and isinstance(value, dict):
+        return value  # a schedule of the step, checked by the setting's rule
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if expected is bool and not isinstance(value, bool):
@@ -48,8 +53,7 @@ def _merge(base, override, path=()):
                               f"method.name in caco_tf {RENAMED_IN}; rename it in your "
                               f"configuration")
         if key not in base:
-            known = ", ".join(sorted(base))
-            raise ConfigError(f"unknown config key '{'.'.join(where)}' (known here: {known})")
+            raise _unknown_key(where, base, value)
         if isinstance(base[key], dict):
             if not isinstance(value, dict):
                 hint = " (the method itself is method.name)" if where == ("method",) else ""
@@ -59,11 +63,31 @@ def _merge(base, override, path=()):
             base[key] = _check_type(".".join(where), value)
 
 
-def _flatten(tree, path=()):
+def _unknown_key(where, known, value=None):
+    """The one-line error for a key no setting declares, naming where it went if it moved."""
+    name = ".".join(where)
+    if len(where) == 2 and where[0] == "method":
+        owner = _tables().moved.get(where[1])
+        if owner:
+            return ConfigError(f"{name} moved to method.{owner}.{where[1]} in caco_tf "
+                               f"{SECTIONS_IN} (each method's settings have their own section); "
+                               f"rename it in your configuration")
+        reader = _tables().readers.get(where[1])
+        if reader:
+            given = f".{next(iter(value))}" if isinstance(value, dict) and value else ""
+            return ConfigError(f"{name}{given}: method {where[1]} has no settings of its own, it "
+                               f"reads method.{reader}'s (set method.{reader}{given})")
+    return ConfigError(f"unknown config key '{name}' (known here: {', '.join(sorted(known))})")
+
+
+def _flatten(tree, path=(), leaves=None):
+    """{(section, ..., key): value}; a mapping that is a setting's value (a schedule) is one
+    value (``leaves``: the dotted names of the settings, default the whole table's)."""
+    leaves = _tables().settings if leaves is None else leaves
     flat = {}
     for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, path + (key,)))
+        if isinstance(value, dict) and ".".join(path + (key,)) not in leaves:
+            flat.update(_flatten(value, path + (key,), leaves))
         else:
             flat[path + (key,)] = value
     return flat
@@ -136,7 +160,7 @@ def load_config(path=None, assignments=(), saved=False):
     ``saved``: the file is one this library wrote (a run folder's ``config.yaml``), which loads in
     the layout of the version that wrote it (``upgrade_saved_config``); in a user's file, a key
     renamed since is refused with one line naming its new name."""
-    config = copy.deepcopy(DEFAULTS)
+    config = copy.deepcopy(_tables().defaults)
     if path is not None:
         path = config_path(path)
         try:
@@ -230,25 +254,61 @@ def _source(value, held_out=False):
 
 
 BACKBONES = tuple(DOWNSAMPLING)
-VIEWS = ("digits", "asymmetric", "cifar", "imagenet", "multicrop")
+VIEWS = ("digits", "asymmetric", "symmetric", "cifar", "imagenet", "multicrop")
 
 # ---------------------------------------------------------------------------- the settings
 class Setting:
     """One key of a run, declared once: its default, what it accepts (``rule``, a ``Rule``) and
     what it does (``help``, one line).  A default of None means "derived" (the rule's
     ``optional`` says from what); ``derived`` is then the type a given value must have, as the
-    default's type is otherwise."""
+    default's type is otherwise.
 
-    def __init__(self, default, rule, help, derived=None):
+    A method's setting is also its constructor's argument (``caco_tf.build.build_model`` passes
+    it): ``argument`` names it when the names differ, ``passed=False`` keeps it for the build
+    only (the warm-up's length); ``in_steps`` names the argument of a setting counted in epochs,
+    which takes steps.  ``schedule``: the setting is a per-step quantity, and a number is the
+    start of that shape over the run (``SCHEDULES``), or a mapping ``{start, end, epochs,
+    shape}`` says the whole schedule (``caco_tf.training.optimizers.schedule``)."""
+
+    def __init__(self, default, rule, help, derived=None, schedule=None, argument=None,
+                 in_steps=None, passed=True):
         if (default is None) != (derived is not None):
             raise TypeError("a default of None needs derived=TYPE, and only such a default")
-        self.default, self.rule, self.help = default, rule, help
+        if schedule is not None and schedule not in SCHEDULES:
+            raise TypeError(f"schedule must be one of {', '.join(SCHEDULES)}")
+        self.default, self.help = default, help
+        self.rule = per_step(rule) if schedule else rule
         self.type = derived if default is None else type(default)
+        self.schedule, self.in_steps, self.passed = schedule, in_steps, passed
+        self.argument = in_steps or argument
 
 
-# Every key a run accepts, in the order of a saved config.yaml; DEFAULTS, RULES and the
-# documentation's configuration reference (docs/hooks.py) are derived from this table.
-SETTINGS = {
+# What a number given for a per-step setting means: the value throughout, or the start of a
+# cosine over the whole run towards 0 (a learning rate) or towards 1 (an EMA momentum).
+SCHEDULES = ("constant", "cosine to 0", "cosine to 1")
+SCHEDULE_KEYS = ("start", "end", "epochs", "shape")
+
+
+def per_step(rule):
+    """``rule``'s numbers, or a schedule ``{start, end, epochs, shape}`` of them: from ``start``
+    to ``end`` over the first ``epochs`` (the whole run when absent) on a ``shape`` (linear
+    or cosine, default linear), ``end`` after."""
+
+    def check(v):
+        if not isinstance(v, dict):
+            return rule.check(v)
+        return (set(v) <= set(SCHEDULE_KEYS) and {"start", "end"} <= set(v)
+                and rule.check(v["start"]) and rule.check(v["end"])
+                and (v.get("epochs") is None or (_is_number(v["epochs"]) and v["epochs"] > 0))
+                and v.get("shape", "linear") in ("linear", "cosine"))
+    return Rule(check, f"{rule.allowed}, or a schedule {{start, end, epochs, shape: linear or "
+                       f"cosine}} of such numbers")
+
+
+# Every key of the run itself, in the order of a saved config.yaml (the methods' sections go
+# after model.*: ``SETTINGS``); DEFAULTS, RULES and the documentation's configuration reference
+# (docs/hooks.py) are derived from the whole table.
+CORE_SETTINGS = {
     "name": Setting("mnist", text("a non-empty name without '/'",
                                   lambda v: bool(v) and "/" not in v),
                     "the run's name: its default folder is runs/<name>"),
@@ -273,11 +333,11 @@ SETTINGS = {
         1, choice(1, 3), "1 or 3: every image is converted to it when decoded"),
     "data.views": Setting(
         "digits", choice(*VIEWS),
-        "the augmentation: digits (offline MNIST), asymmetric (the paper's two views; cifar and "
-        "imagenet are aliases) or multicrop"),
+        "the augmentation: digits (offline MNIST), asymmetric (the paper's and BYOL's two views; "
+        "cifar and imagenet are aliases), symmetric (MoCo v2's and SimSiam's) or multicrop"),
     "data.crop_scale": Setting(
         [0.2, 1.0], span(0.0, 1.0, positive_low=True),
-        "asymmetric views: the RandomResizedCrop area range"),
+        "asymmetric and symmetric views: the RandomResizedCrop area range"),
     "data.blur_sigma": Setting(
         [0.1, 2.0], span(0.0),
         "colour views: the Gaussian blur's sigma range, in pixels of the view"),
@@ -318,38 +378,6 @@ SETTINGS = {
     "model.sync_batchnorm": Setting(
         None, optional(boolean(), "exactly when replicas > 1"),
         "BatchNorm statistics over all replicas", derived=bool),
-    # The method and its settings: CaCo's bank, temperatures and key encoder, which the ablation
-    # rows and baselines use or ignore (caco_tf.methods).  This section was named caco, and
-    # method.name caco.method, before caco_tf 0.3.0 (RENAMED below).
-    "method.bank_size": Setting(
-        65536, integer(1), "K, the bank's rows (positives and negatives share them)"),
-    "method.temperature": Setting(
-        0.08, number(0.0, low_open=True), "tau of the encoder's loss"),
-    "method.bank_temperature": Setting(
-        0.08, number(0.0, low_open=True), "tau of the bank's update"),
-    "method.bank_lr": Setting(3.0, number(0.0), "the bank's learning rate (cosine-decayed)"),
-    "method.bank_momentum": Setting(
-        0.9, number(0.0, 1.0, high_open=True), "the SGD momentum of the bank's update"),
-    "method.key_momentum": Setting(
-        0.99, number(0.0, 1.0),
-        "the key encoder's EMA momentum at the start (it rises to 1 on a cosine)"),
-    "method.warmup_epochs": Setting(
-        1, integer(0), "epochs of the MoCo-style pass that fills the bank with real keys"),
-    "method.warmup_min_steps": Setting(
-        0, integer(0),
-        "the least steps that warm-up lasts (the EMA must follow the query encoder before the "
-        "resync)"),
-    "method.warmup_temperature": Setting(
-        0.2, number(0.0, low_open=True), "tau of the warm-up's loss"),
-    "method.resync_after_warmup": Setting(
-        True, boolean(), "copy the query encoder into the key encoder when the warm-up ends"),
-    "method.warmup_every_method": Setting(
-        False, boolean(),
-        "run the warm-up for the methods without a bank too (none, simclr: a fair ablation)"),
-    "method.name": Setting(
-        "caco", choice(*METHODS),
-        "the method: caco, or the paper's ablation rows (none, positive, negative) and baselines "
-        "(moco_v2, simclr)"),
     "train.epochs": Setting(200, integer(1), "epochs, warm-up included"),
     "train.batch_size": Setting(256, integer(1), "the global batch, split over the replicas"),
     "train.optimizer": Setting(
@@ -442,36 +470,125 @@ def _nested(flat):
     return tree
 
 
-# Derived from SETTINGS: the nested defaults (a run's configuration has their shape), the same
-# by (section, ..., key) tuple, and what each dotted key accepts.
-DEFAULTS = _nested({name: setting.default for name, setting in SETTINGS.items()})
-DEFAULTS_FLAT = _flatten(DEFAULTS)
-RULES = {name: setting.rule for name, setting in SETTINGS.items()}
+# ---------------------------------------------------------------------------- the whole table
+# The core settings, then method.name and every method's section after model.*: the methods
+# declare their own (caco_tf.methods, beside their code), so this is read on first use, the one
+# import of this floor from one above (the methods import Setting and the rules from here).
+Tables = collections.namedtuple(
+    "Tables", "settings defaults defaults_flat rules classes readers moved")
+
+
+@functools.lru_cache(maxsize=None)
+def _tables():
+    from caco_tf.methods import METHODS as classes
+
+    settings = {}
+    for name, setting in CORE_SETTINGS.items():
+        if name.startswith("train.") and "method.name" not in settings:
+            settings["method.name"] = Setting(
+                "caco", choice(*classes),
+                "the method: caco, its ablation rows (none, positive, negative) and the paper's "
+                "comparison (moco_v2, simclr, byol, simsiam, moco_v3, nnclr, swav, dino), "
+                "barlow_twins, vicreg; each reads its own section method.<name>")
+            for method, cls in classes.items():
+                if cls.SETTINGS_OF is None:
+                    settings.update({f"method.{method}.{key}": value
+                                     for key, value in cls.SETTINGS.items()})
+        settings[name] = setting
+    defaults = _nested({name: setting.default for name, setting in settings.items()})
+    return Tables(settings, defaults, _flatten(defaults, leaves=settings),
+                  {name: setting.rule for name, setting in settings.items()}, dict(classes),
+                  {m: cls.SETTINGS_OF for m, cls in classes.items() if cls.SETTINGS_OF},
+                  {key: "caco" for key in MOVED_TO_CACO})
+
+
+# Derived from the whole table, on first use: the nested defaults (a run's configuration has
+# their shape), the same by (section, ..., key) tuple, what each dotted key accepts, and the
+# method names.
+_DERIVED = {"SETTINGS": "settings", "DEFAULTS": "defaults", "DEFAULTS_FLAT": "defaults_flat",
+            "RULES": "rules"}
+
+
+def __getattr__(name):
+    if name in _DERIVED:
+        return getattr(_tables(), _DERIVED[name])
+    if name == "METHODS":
+        return tuple(_tables().classes)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def in_use(config):
+    """A copy of ``config`` with only the method section its method reads: what a run
+    trains with (the other methods' sections change nothing in it)."""
+    config = copy.deepcopy(config)
+    method = config.get("method")
+    if isinstance(method, dict) and method.get("name") in _tables().classes:
+        section = settings_section(method["name"])
+        config["method"] = {key: value for key, value in method.items()
+                            if key in ("name", section) or key not in _tables().classes}
+    return config
+
+
+def settings_section(method):
+    """The section of ``method.<section>`` that method ``method`` reads (CaCo's ablation rows
+    read CaCo's)."""
+    return _tables().readers.get(method, method)
 
 
 # ---------------------------------------------------------------------------- renamed keys
-# caco_tf 0.3.0 named the method's section for what it is: caco.X became method.X, and
-# caco.method became method.name.  An old key in a user's configuration (a YAML file, --set) is
-# refused with one line naming its new name; what this library saved itself under the old
-# layout (a run folder's config.yaml, a .keras file's run settings) loads as it is, upgraded by
-# upgrade_saved_config.
+# caco_tf 0.3.0 named the method's section for what it is (caco.X became method.X, caco.method
+# method.name); 0.4.0 gave each method a section of its own (method.X became method.caco.X).  An
+# old key in a user's configuration (a YAML file, --set) is refused with one line naming its new
+# name; what this library saved itself in an older layout (a run folder's config.yaml, a .keras
+# file's run settings) loads as it is, upgraded by upgrade_saved_config.
 RENAMED_IN = "0.3.0"
-RENAMED = {f"caco.{name.split('.', 1)[1]}": name for name in SETTINGS
-           if name.startswith("method.") and name != "method.name"}
+SECTIONS_IN = "0.4.0"
+MOVED_TO_CACO = ("bank_size", "temperature", "bank_temperature", "bank_lr", "bank_momentum",
+                 "key_momentum", "warmup_epochs", "warmup_min_steps", "warmup_temperature",
+                 "resync_after_warmup")
+RENAMED = {f"caco.{key}": f"method.caco.{key}" for key in MOVED_TO_CACO}
 RENAMED["caco.method"] = "method.name"
+# The warm-up settings of 0.3, which every method shared.
+_OLD_WARMUP = ("warmup_epochs", "warmup_min_steps", "warmup_temperature", "resync_after_warmup")
 
 
 def upgrade_saved_config(tree):
-    """A configuration this library saved before caco_tf 0.3.0 (section ``caco``, key
-    ``caco.method``), in today's layout (section ``method``, key ``method.name``); any other tree
-    comes back as it is.  A copy: ``tree`` is not changed."""
+    """A configuration this library saved in an older layout, in today's: 0.2's section
+    ``caco`` (key ``caco.method``) and 0.3's flat ``method.X`` become the saved method's own
+    section ``method.<name>``, with the settings it read then; any other tree comes back as it
+    is.  A copy: ``tree`` is not changed."""
     tree = copy.deepcopy(tree)
-    if not (isinstance(tree, dict) and isinstance(tree.get("caco"), dict)
-            and "method" not in tree):
+    if not isinstance(tree, dict):
         return tree
-    return {("method" if key == "caco" else key):
-            ({("name" if k == "method" else k): v for k, v in value.items()}
-             if key == "caco" else value) for key, value in tree.items()}
+    if isinstance(tree.get("caco"), dict) and "method" not in tree:  # 0.2
+        tree = {("method" if key == "caco" else key):
+                ({("name" if k == "method" else k): v for k, v in value.items()}
+                 if key == "caco" else value) for key, value in tree.items()}
+    method = tree.get("method")
+    if isinstance(method, dict) and (set(method) & (set(MOVED_TO_CACO)
+                                                    | {"warmup_every_method"})):  # 0.3
+        tree["method"] = _sections_of(method)
+    return tree
+
+
+def _sections_of(flat):
+    """0.3's flat method settings as the saved method's section."""
+    name = flat.get("name", "caco")
+    if name not in _tables().classes:
+        return flat  # not a method of this version: load_config names it
+    section = settings_section(name)
+    cls = _tables().classes[section]
+    own = {key: value for key, value in flat.items() if key in cls.SETTINGS}
+    has_bank = name in ("caco", "positive", "negative", "moco_v2")
+    if not has_bank and not flat.get("warmup_every_method", False):
+        own["warmup_epochs"] = 0  # 0.3 warmed a bank up for the methods with one only
+    elif not has_bank:  # the warm-up's bank and key momentum were CaCo's
+        own.update({f"warmup_{key}": flat[key] for key in ("bank_size", "key_momentum")
+                    if f"warmup_{key}" in cls.SETTINGS and key in flat})
+    for key in _OLD_WARMUP:
+        if key in flat and key in cls.SETTINGS and key not in own:
+            own[key] = flat[key]
+    return {"name": name, section: own}
 
 
 def _refuse_old_section(value):
@@ -482,31 +599,35 @@ def _refuse_old_section(value):
                            f"configuration")
     old = f"caco.{keys[0]}"
     if old not in RENAMED:
-        known = ", ".join(sorted(DEFAULTS["method"]))
-        return ConfigError(f"unknown config key '{old}' (the section caco was renamed method in "
-                           f"caco_tf {RENAMED_IN}; known there: {known})")
-    also = (["the whole section caco is now method"] if len(keys) > 1 else []) + (
+        known = ", ".join(sorted(_tables().defaults["method"]["caco"]))
+        return ConfigError(f"unknown config key '{old}' (the section caco was renamed "
+                           f"method.caco in caco_tf {SECTIONS_IN}; known there: {known})")
+    also = (["the whole section caco is now method.caco"] if len(keys) > 1 else []) + (
         ["caco.method is method.name"] if "method" in keys[1:] else [])
-    return ConfigError(f"{old} was renamed {RENAMED[old]} in caco_tf {RENAMED_IN}; rename it in "
+    version = RENAMED_IN if old == "caco.method" else SECTIONS_IN
+    return ConfigError(f"{old} was renamed {RENAMED[old]} in caco_tf {version}; rename it in "
                        f"your configuration" + (f" ({'; '.join(also)})" if also else ""))
 
 
 def _validate(config):
     flat = {".".join(key): value for key, value in _flatten(config).items()}
-    for key, rule in RULES.items():
+    for key, rule in _tables().rules.items():
         if not rule.check(flat[key]):
             raise ConfigError(f"{key} must be {rule.allowed}, got {flat[key]!r}")
     train, method, model, data = (config["train"], config["method"], config["model"],
                                   config["data"])
-    if method["warmup_epochs"] >= train["epochs"]:
-        raise ConfigError(f"method.warmup_epochs must be below train.epochs "
-                          f"({train['epochs']}), got {method['warmup_epochs']}")
+    section = settings_section(method["name"])
+    warmup = method[section].get("warmup_epochs", 0)
+    if warmup >= train["epochs"]:
+        raise ConfigError(f"method.{section}.warmup_epochs must be below train.epochs "
+                          f"({train['epochs']}), got {warmup}")
     if train["lr_warmup_epochs"] > train["epochs"]:
         raise ConfigError(f"train.lr_warmup_epochs must be at most train.epochs "
                           f"({train['epochs']}), got {train['lr_warmup_epochs']}")
-    if method["name"] != "caco" and data["views"] == "multicrop":
-        raise ConfigError(f"method.name {method['name']} takes two views; "
-                          f"data.views multicrop works with method.name caco only")
+    multi_crop = [m for m, cls in _tables().classes.items() if cls.MULTI_CROP]
+    if data["views"] == "multicrop" and method["name"] not in multi_crop:
+        raise ConfigError(f"method.name {method['name']} takes two views; data.views "
+                          f"multicrop works with method.name {', '.join(multi_crop)}")
     if model["widths"] is not None and model["backbone"] != "small_convnet":
         raise ConfigError(f"model.widths applies to small_convnet only, not to "
                           f"model.backbone {model['backbone']}")

@@ -55,6 +55,16 @@ def global_mean(local_mean, local_count):
     return total / count
 
 
+def global_sum(value):
+    """The sum of ``value`` over every replica (itself on one device); its gradient is the sum
+    of the replicas' gradients, so a loss every replica computes alike from global sums has,
+    scaled by 1 / replicas, the one device's gradient."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
 def all_gather(value):
     """Concatenate ``value`` [n, ...] from all replicas along axis 0, in replica order.
 

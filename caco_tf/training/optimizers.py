@@ -29,6 +29,8 @@ __all__ = [
     "paper_learning_rate",
     "build_encoder_optimizer",
     "as_schedule",
+    "Ramp",
+    "schedule",
 ]
 
 # Global batch size from which the paper switches from SGD to LARS.
@@ -295,6 +297,53 @@ class CosineMomentum(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"base_value": self.base_value, "total_steps": self.total_steps}
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
+class Ramp(keras.optimizers.schedules.LearningRateSchedule):
+    """From ``start`` to ``end`` over the first ``ramp_steps`` steps, then ``end``: linear, or
+    on a half cosine (``shape="cosine"``)::
+
+        p = min(step, ramp_steps) / ramp_steps
+        linear: start + (end - start) * p
+        cosine: end + (start - end) * (1 + cos(pi * p)) / 2
+
+    A per-step quantity given as a schedule in a configuration (``schedule``), such as DINO's
+    teacher temperature warming up from 0.04 to 0.07 over 30 epochs.
+    """
+
+    def __init__(self, start, end, ramp_steps, shape="linear"):
+        if shape not in ("linear", "cosine"):
+            raise ValueError(f"`shape` must be linear or cosine, got {shape!r}.")
+        self.start, self.end = float(start), float(end)
+        self.ramp_steps, self.shape = max(int(ramp_steps), 1), shape
+
+    def __call__(self, step):
+        progress = ops.minimum(ops.cast(step, "float32"), float(self.ramp_steps)) / float(
+            self.ramp_steps)
+        if self.shape == "linear":
+            return self.start + (self.end - self.start) * progress
+        return self.end + (self.start - self.end) * 0.5 * (1.0 + ops.cos(math.pi * progress))
+
+    def get_config(self):
+        return {"start": self.start, "end": self.end, "ramp_steps": self.ramp_steps,
+                "shape": self.shape}
+
+
+def schedule(value, shape, steps_per_epoch, total_steps):
+    """A per-step setting's value (``caco_tf.training.config.Setting``'s ``schedule``) as a
+    schedule of the step: a number is the start of ``shape`` ("constant", "cosine to 0": a
+    ``WarmupCosine`` over the run, "cosine to 1": a ``CosineMomentum``); a mapping ``{start,
+    end, epochs, shape}`` is a ``Ramp`` over its epochs (the whole run when absent)."""
+    if isinstance(value, dict):
+        epochs = value.get("epochs")
+        steps = total_steps if epochs is None else round(epochs * steps_per_epoch)
+        return Ramp(value["start"], value["end"], steps, value.get("shape", "linear"))
+    if shape == "cosine to 0":
+        return WarmupCosine(value, total_steps)
+    if shape == "cosine to 1":
+        return CosineMomentum(value, total_steps)
+    return float(value)
 
 
 def as_schedule(value):

@@ -1,5 +1,6 @@
-"""The train function a method gives ``fit``: its warm-up pass then its own step, and
-``steps_per_execution`` steps in one compiled call that takes its batches itself.
+"""The train function a method gives ``fit``: its phases (a warm-up, then its own steps, split
+where a frozen part thaws), and ``steps_per_execution`` steps in one compiled call that takes
+its batches itself.
 
 Keras' ``fit`` calls the train function once per ``steps_per_execution`` steps and hands it the
 input pipeline's iterator.  ``TrainFunction`` runs the calls' steps inside one ``tf.function``
@@ -7,9 +8,9 @@ loop (no Python between the steps), times in that loop how long each step waits 
 (``model.input_wait``, seconds; ``callbacks.Throughput`` reports its share), and picks each
 step's phase by the optimizer's step counter, which every checkpoint holds:
 
-- the warm-up pass while the counter is below ``warmup_steps``, then the method's step, with
-  ``at_warmup_end`` run once in between (the key encoder's resync), exactly at its step even
-  when it falls inside a call (the call is then two loops);
+- a phase runs from its first step until the next phase's, with that next phase's
+  ``on_enter`` run once in between (the key encoder's resync at the warm-up's end), exactly at
+  its step even when it falls inside a call (the call is then several loops);
 - calls end at the epoch's last step and start at multiples of ``steps_per_execution`` inside
   the epoch, so a resume at any step, with any ``steps_per_execution``, realigns.
 
@@ -19,6 +20,7 @@ by one from Python, the same step functions; ``model.waiting_for_input`` then te
 ``peers.StuckPeerWatchdog`` that a step waits for its batch.
 """
 
+import bisect
 import time
 
 import tensorflow as tf
@@ -30,21 +32,23 @@ class TrainFunction:
     Args:
       model: the ``keras.Model`` (its ``steps_per_execution``, optimizer step counter,
         ``input_wait`` and ``waiting_for_input`` are read and written).
-      warmup_step, method_step: the model's two step methods (``train_step``'s signature).
-      warmup_steps: the steps of the warm-up pass (0: none).
-      at_warmup_end: called once, before the first method step that follows a warm-up.
+      phases: [(first step, step function (``train_step``'s signature), on_enter or None)],
+        the first from step 0; ``on_enter`` runs once, before the phase's first step, when the
+        run reaches it (a run resumed inside the phase has had it already).
     """
 
-    def __init__(self, model, warmup_step, method_step, warmup_steps, at_warmup_end=None):
+    def __init__(self, model, phases):
         self.model = model
-        self.warmup_steps = int(warmup_steps)
-        self.at_warmup_end = at_warmup_end
-        self.warming_up = self.warmup_steps > 0
+        self.starts = [int(first) for first, _, _ in phases]
+        self.on_enter = [on_enter for _, _, on_enter in phases]
         # Keras' one-step functions: the step under the strategy, its outputs reduced.
-        self.one_step = {True: model._make_function(warmup_step),
-                         False: model._make_function(method_step)}
-        self.loops = {phase: _compiled_loop(step) for phase, step in self.one_step.items()}
+        self.one_step = [model._make_function(step) for _, step, _ in phases]
+        self.loops = [_compiled_loop(step) for step in self.one_step]
+        self.current = None  # the phase the last step ran in
         self.steps_per_epoch = None  # set by ``fit`` when it knows it
+
+    def _phase(self, step):
+        return bisect.bisect_right(self.starts, step) - 1
 
     def __call__(self, iterator):
         per_call = self.model.steps_per_execution
@@ -55,18 +59,14 @@ class TrainFunction:
         within = step % self.steps_per_epoch
         count = min(per_call - within % per_call, self.steps_per_epoch - within)
         logs = None
-        if self.warming_up and step < self.warmup_steps:
-            warmup = min(count, self.warmup_steps - step)
-            logs = self._loop(True, iterator, warmup)
-            step, count = step + warmup, count - warmup
-        if count:
-            self._leave_warmup(step)
-            logs = self._loop(False, iterator, count)
-        return logs
-
-    def _loop(self, warming_up, iterator, count):
-        logs, waited = self.loops[warming_up](iterator, tf.constant(count))
-        self.model.input_wait += float(waited)
+        while count:
+            phase = self._phase(step)
+            ahead = self.starts[phase + 1] - step if phase + 1 < len(self.starts) else count
+            steps = min(count, ahead)
+            self._enter(phase, step)
+            logs, waited = self.loops[phase](iterator, tf.constant(steps))
+            self.model.input_wait += float(waited)
+            step, count = step + steps, count - steps
         return logs
 
     def _one_by_one(self, iterator, count):
@@ -77,19 +77,20 @@ class TrainFunction:
             batch = next(iterator)
             self.model.waiting_for_input = False
             self.model.input_wait += time.perf_counter() - start
-            step = int(self.model.optimizer.iterations.numpy()) if self.warming_up else None
-            if not (self.warming_up and step < self.warmup_steps):
-                self._leave_warmup(step)
-            logs = self.one_step[self.warming_up]([batch])
+            # The counter is read only while a phase lies ahead.
+            last = len(self.starts) - 1
+            step = None if self.current == last else int(self.model.optimizer.iterations.numpy())
+            phase = last if step is None else self._phase(step)
+            self._enter(phase, step)
+            logs = self.one_step[phase]([batch])
         return logs
 
-    def _leave_warmup(self, step):
-        """The first method step after a warm-up: run ``at_warmup_end`` (a run resumed after
-        the warm-up's end has had it already)."""
-        if self.warming_up:
-            self.warming_up = False
-            if step == self.warmup_steps and self.at_warmup_end is not None:
-                self.at_warmup_end()
+    def _enter(self, phase, step):
+        """Make ``phase`` current; run its ``on_enter`` if this step is its first."""
+        if phase != self.current:
+            self.current = phase
+            if step == self.starts[phase] and self.on_enter[phase] is not None:
+                self.on_enter[phase]()
 
 
 def _compiled_loop(one_step):

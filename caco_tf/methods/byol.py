@@ -1,0 +1,54 @@
+"""BYOL: the student predicts the target network's projection of the other view."""
+
+import keras
+import tensorflow as tf
+
+from caco_tf import losses
+from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.base import Method
+from caco_tf.nets.backbones import build_mlp
+from caco_tf.training.config import Setting, integer, number
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
+class BYOL(Method):
+    """Bootstrap Your Own Latent (Grill et al. 2020), as deepmind-research/byol does it.
+
+    The online network (backbone → projector → predictor) regresses the target network's
+    projection of the other view, 2 - 2 cos(p¹, z'²) + 2 - 2 cos(p², z'¹) per image, batch
+    mean (byol_experiment.py:243-250); the target is an EMA of the online backbone and
+    projector, its momentum from 0.996 to 1 on a cosine (schedules.py:20-24, configs/byol.py:23);
+    no negatives.  Projector and predictor: Linear → BatchNorm → ReLU → Linear
+    (utils/networks.py:25-45), 4,096 wide, output 256 (configs/byol.py:40-42).
+    """
+
+    method = "byol"
+    SETTINGS = {
+        "key_momentum": Setting(
+            0.996, number(0.0, 1.0), "the target network's EMA momentum at the start (it rises "
+            "to 1 on a cosine)", schedule="cosine to 1"),
+        "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width"),
+        **warmup_settings(epochs=0, own_bank=False),
+    }
+    TEACHER = "momentum"
+    HEADS = ("predictor",)
+    PROJECTOR = dict(layers_count=2, bias=True)
+
+    def build_heads(self):
+        self.predictor = build_mlp(self.embedding_dim, self.predictor_hidden,
+                                   self.embedding_dim, layers_count=2, bias=True,
+                                   sync_batchnorm=self.sync_batchnorm, name="predictor")
+
+    def forward(self, crops, training):
+        projections = [self._projection(crop, training) for crop in crops]
+        return [{"embedding": losses.l2_normalize(z), "prediction": self.predictor(
+            z, training=training)} for z in projections]
+
+    def method_loss(self, outputs, targets, step):
+        """Each view's prediction regresses the other view's target projection."""
+        return (tf.reduce_mean(losses.regression_loss(outputs[0]["prediction"], targets[1]))
+                + tf.reduce_mean(losses.regression_loss(outputs[1]["prediction"], targets[0]))
+                ), {}
+
+    def view_embeddings(self, outputs):
+        return outputs[0]["embedding"], outputs[1]["embedding"]

@@ -1,0 +1,104 @@
+"""DINO, ResNet variant: the student matches the teacher's centered, sharpened output."""
+
+import math
+
+import keras
+import tensorflow as tf
+
+from caco_tf import losses
+from caco_tf.methods.base import Method
+from caco_tf.methods.state import RunningMean
+from caco_tf.nets.layers import NormalizedDense
+from caco_tf.training.config import Setting, integer, number
+from caco_tf.training.optimizers import as_schedule
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
+class DINO(Method):
+    """Self-distillation with no labels (Caron et al. 2021), the ResNet-50 variant of
+    facebookresearch/dino.
+
+    Student and teacher end in DINO's head: an MLP (Linear, GELU, no BatchNorm: 2,048 wide,
+    bottleneck 256, the projector here), L2 normalization, then a weight-normalized Linear to
+    K = 65,536 outputs (vision_transformer.py:257-291, ``norm_last_layer``).  The teacher, an
+    EMA of the student (0.996 to 1 on a cosine), sees the two global crops; the student every
+    crop; the loss is the mean over the pairs (teacher crop i, student crop v ≠ i) of the
+    cross-entropy between softmax((t_i - c)/τ_t) and softmax(s_v/τ_s), τ_s 0.1, τ_t 0.04
+    (the README's ResNet-50 recipe; DINO's ViT recipe warms it from 0.04 to 0.07 over 30
+    epochs: a schedule here); the center c follows the teacher's batch mean over the global
+    batch with momentum 0.9 (main_dino.py:363-416); the last layer is frozen during the first
+    epoch (``--freeze_last_layer 1``).  DINO's per-tensor gradient clipping is not applied.
+    """
+
+    method = "dino"
+    SETTINGS = {
+        "out_dim": Setting(65536, integer(1), "K, the head's outputs"),
+        "student_temperature": Setting(0.1, number(0.0, low_open=True), "tau of the student"),
+        "teacher_temperature": Setting(
+            0.04, number(0.0, low_open=True), "tau of the teacher (above ~0.07 training is "
+            "unstable: its output goes uniform)", schedule="constant"),
+        "center_momentum": Setting(
+            0.9, number(0.0, 1.0, high_open=True), "the center's EMA momentum"),
+        "key_momentum": Setting(
+            0.996, number(0.0, 1.0), "the teacher's EMA momentum at the start (it rises to 1 "
+            "on a cosine)", schedule="cosine to 1"),
+        "freeze_last_layer_epochs": Setting(
+            1.0, number(0.0), "epochs the last layer stays as initialized",
+            in_steps="freeze_last_layer_steps"),
+    }
+    TEACHER = "momentum"
+    HEADS = TEACHER_HEADS = ("last_layer",)
+    MULTI_CROP = True
+    FORWARD_BY_RESOLUTION = True
+    PROJECTOR = dict(layers_count=3, bias=True, hidden_batchnorm=False, activation="gelu")
+    DIAGNOSTICS = ("teacher_entropy",)
+    COLLAPSE_ADVICE = ("lower method.dino.teacher_temperature (0.04; above ~0.07 the teacher "
+                       "goes uniform), or freeze the last layer longer "
+                       "(method.dino.freeze_last_layer_epochs)")
+
+    def build_heads(self):
+        self.last_layer = NormalizedDense(self.out_dim, name="last_layer")
+        self.last_layer.build((None, self.embedding_dim))
+
+    def build_state(self):
+        self.center = RunningMean(self.out_dim, self.center_momentum)
+
+    def frozen_until(self):
+        return {"last_layer": self.freeze_last_layer_steps}
+
+    def targets(self, crops, training):
+        """The teacher's outputs for the two global crops (one pass, as the reference)."""
+        return self._forward_by_resolution(crops[:2], self.key_encoder, training)
+
+    def forward(self, crops, training):
+        embeddings = self._forward_by_resolution(crops, self.query_encoder, training)
+        return [{"embedding": z, "logits": self.last_layer(z)} for z in embeddings]
+
+    def method_loss(self, outputs, targets, step):
+        """The mean cross-entropy over the (teacher crop, other student crop) pairs."""
+        teacher_temperature = as_schedule(self.teacher_temperature)(step)
+        center = self.center.read()
+        terms = [tf.reduce_mean(losses.dino_loss(
+            teacher, outputs[v]["logits"], center, teacher_temperature,
+            self.student_temperature)) for i, teacher in enumerate(targets)
+            for v in range(len(outputs)) if v != i]
+        probabilities = tf.nn.softmax((tf.concat(targets, 0) - center) / teacher_temperature)
+        entropy = -tf.reduce_mean(tf.reduce_sum(
+            probabilities * tf.math.log(probabilities + 1e-12), axis=-1))
+        return tf.add_n(terms) / len(terms), {"teacher_entropy": tf.stop_gradient(entropy)}
+
+    def update_state(self, outputs, targets, step):
+        self.center.update(tf.concat(targets, 0))
+
+    def view_embeddings(self, outputs):
+        return outputs[0]["embedding"], outputs[1]["embedding"]
+
+    def collapse(self, logs, images_per_epoch):
+        entropy, uniform = float(logs.get("teacher_entropy", 0.0)), math.log(self.out_dim)
+        if entropy > UNIFORM * uniform:
+            return (f"the teacher's output is uniform (entropy {entropy:.3f} of ln K = "
+                    f"{uniform:.3f})")
+        return None
+
+
+UNIFORM = 0.98  # of ln K: a teacher that no longer tells the images apart

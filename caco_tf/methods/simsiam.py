@@ -1,0 +1,78 @@
+"""SimSiam: BYOL without a momentum encoder, the stop-gradient doing the target's work."""
+
+import math
+
+import keras
+import tensorflow as tf
+
+from caco_tf import losses
+from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.base import Method
+from caco_tf.nets.backbones import build_mlp
+from caco_tf.training.config import Setting, boolean, integer
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
+class SimSiam(Method):
+    """Exploring Simple Siamese Representation Learning (Chen & He 2021), as
+    facebookresearch/simsiam does it.
+
+    Each view's prediction p = h(z) is drawn to the other view's projection without gradient:
+    -½ cos(p¹, sg(z²)) - ½ cos(p², sg(z¹)) (main_simsiam.py:191, builder.py:61).  Projector:
+    three Linear layers, BatchNorm after each, the last without scale or shift
+    (builder.py:28-36); predictor: a 512-wide bottleneck, Linear → BatchNorm → ReLU → Linear
+    (builder.py:39-42, ``--pred-dim 512``).  ``predictor: false`` drops the predictor, which
+    makes SimSiam collapse (its paper's Table 1): the health monitor names it.
+    """
+
+    method = "simsiam"
+    SETTINGS = {
+        "predictor_hidden": Setting(512, integer(1), "the predictor's bottleneck width"),
+        "predictor": Setting(True, boolean(), "the predictor (without it SimSiam collapses)"),
+        **warmup_settings(epochs=0, own_bank=False, own_keys=False),
+    }
+    TEACHER = "student"
+    HEADS = ("predictor",)
+    PROJECTOR = dict(layers_count=3, last_batchnorm="plain")
+    DIAGNOSTICS = ("embedding_std",)
+    COLLAPSE_ADVICE = ("keep the predictor (method.simsiam.predictor: true), lower the learning "
+                       "rate, or soften the views")
+
+    def build_heads(self):
+        self.predictor = build_mlp(
+            self.embedding_dim, self.predictor_hidden, self.embedding_dim, layers_count=2,
+            bias=True, sync_batchnorm=self.sync_batchnorm, name="predictor") if self.predictor \
+            else keras.layers.Identity(name="predictor")
+
+    def forward(self, crops, training):
+        projections = [self._projection(crop, training) for crop in crops]
+        return [{"projection": z, "prediction": self.predictor(z, training=training)}
+                for z in projections]
+
+    def method_loss(self, outputs, targets, step):
+        """The stop-gradient student is the teacher: each prediction against the other
+        view's projection."""
+        first, second = outputs[0], outputs[1]
+        loss = 0.5 * (tf.reduce_mean(losses.negative_cosine(first["prediction"],
+                                                            second["projection"]))
+                      + tf.reduce_mean(losses.negative_cosine(second["prediction"],
+                                                              first["projection"])))
+        # SimSiam's collapse indicator: the per-dimension spread of unit projections, ×√D (1
+        # for unit vectors spread evenly over the sphere, 0 for a single point).
+        unit = losses.l2_normalize(first["projection"])
+        spread = tf.reduce_mean(tf.math.reduce_std(unit, axis=0)) * math.sqrt(
+            self.embedding_dim)
+        return loss, {"embedding_std": tf.stop_gradient(spread)}
+
+    def view_embeddings(self, outputs):
+        return (losses.l2_normalize(outputs[0]["projection"]),
+                losses.l2_normalize(outputs[1]["projection"]))
+
+    def collapse(self, logs, images_per_epoch):
+        if float(logs.get("embedding_std", 1.0)) < COLLAPSED_SPREAD:
+            return (f"the unit projections' spread is {float(logs['embedding_std']):.3f} of an "
+                    f"even spread's (below {COLLAPSED_SPREAD})")
+        return None
+
+
+COLLAPSED_SPREAD = 0.1  # healthy runs keep a few tenths or more; a collapse goes to ~0.01
