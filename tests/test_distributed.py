@@ -28,9 +28,11 @@ def _mirrored(replicas=2):
     same devices in one process restarts the collective instance keys and collides with the
     first's.  Strategies of different sizes get group keys of their own (as TensorFlow's own
     tests do, strategy_combinations.py), or the second meets the first's groups."""
-    tf.distribute.MirroredStrategy._collective_key_base += 100000
-    return tf.distribute.MirroredStrategy(
-        [d.name for d in tf.config.list_logical_devices("CPU")[:replicas]])
+    _MirroredStrategy._collective_key_base += 100000
+    return _MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")[:replicas]])
+
+
+_MirroredStrategy = tf.distribute.MirroredStrategy  # the class, whatever a test patches
 
 
 def _cpus(replicas):

@@ -227,9 +227,9 @@ def test_bank_statistics_and_resume_state_are_carried_exactly(imported):
     # The sizes come from the checkpoint; the resume point from ImageNet's 1,281,167 images.
     config = imported.config
     assert (config["model"]["projector_hidden"], config["model"]["embedding_dim"],
-            config["method"]["bank_size"]) == (HIDDEN, DIM, BANK)
+            config["method"]["caco"]["bank_size"]) == (HIDDEN, DIM, BANK)
     steps = 1281167 // 1024
-    resume_epoch = config["method"]["warmup_epochs"] + EPOCH
+    resume_epoch = config["method"]["caco"]["warmup_epochs"] + EPOCH
     assert model._initial_epoch == resume_epoch
     assert int(model.optimizer.iterations.numpy()) == resume_epoch * steps
     run_dir = imported.run_dir

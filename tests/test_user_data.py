@@ -205,7 +205,7 @@ def test_training_on_a_split_folder_prints_a_knn(tmp_path):
     config = {"data": {"source": f"folder:{root}", "image_size": 16, "channels": 3,
                        "views": "asymmetric"},
               "model": {"projector_hidden": 32, "embedding_dim": 16, "widths": [8, 8, 16, 16]},
-              "method": {"bank_size": 32, "warmup_epochs": 1},
+              "method": {"caco": {"bank_size": 32, "warmup_epochs": 1}},
               "train": {"epochs": 2, "batch_size": 8},
               "evaluation": {"knn_k": 3, "knn_monitor_every": 1, "knn_monitor_k": 3,
                              "health_images": 16}}

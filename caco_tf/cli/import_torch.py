@@ -69,7 +69,7 @@ def import_checkpoint(args):
     config = load_config(args.config, [*args.set, *(
         f"{section}.{key}={sizes[key]}" for section, key in (
             ("model", "projector_hidden"), ("model", "embedding_dim"),
-            ("method", "bank_size")))])
+            ("method.caco", "bank_size")))])
     model = build_model(config, steps_per_epoch=1)
     info = torch_import.import_checkpoint(model, checkpoint)
 
