@@ -63,8 +63,11 @@ def _run(config, folder, strategy, chief, verbose, stack):
     check_sizes(config, len(train), strategy.num_replicas_in_sync)
     probe_classes = online_probe_classes(config, train)
     if chief:  # the settings and data are sound: take the run folder (held until the end)
+        created = not os.path.isdir(run_dir)
         os.makedirs(run_dir, exist_ok=True)
         stack.enter_context(folder.lock())
+        if created:  # a run that fails before its first save leaves no folder behind
+            stack.push(_discard_on_error(folder))
     batch = config["train"]["batch_size"]
     steps_per_epoch = len(train) // batch
     backup = folder.read_backup()
@@ -192,6 +195,18 @@ def changes_since_backup(folder, config):
         return []
     with open(folder.config) as handle:
         return changed_settings(upgrade_saved_config(yaml.safe_load(handle) or {}), config)
+
+
+def _discard_on_error(folder):
+    """An exit callback for the ``ExitStack`` that holds the folder's lock (it runs before the
+    lock is released): on an error, the folder this run created is removed if it holds
+    nothing of value (``RunFolder.discard_if_valueless``)."""
+    def on_exit(kind, error, trace):
+        if kind is not None:
+            folder.discard_if_valueless()
+        return False  # the error goes on to the command
+
+    return on_exit
 
 
 def _loggers(folder):

@@ -204,3 +204,19 @@ def test_a_resume_that_cannot_continue_names_the_versions(model, tmp_path):
     with pytest.raises(ConfigError, match=f"it was saved by caco-tf 0.1.0, this is "
                                           f"{__version__} \\(CHANGELOG.md\\)"):
         resume.on_train_begin()
+
+
+def test_only_a_folder_holding_nothing_of_value_is_discarded(tmp_path):
+    """What a run writes before its first save (config.yaml, skipped_files.txt, .lock, empty
+    folders) is all a discarded folder may hold: a history, a checkpoint or a user's file
+    keeps it."""
+    folder = RunFolder(str(tmp_path / "run"))
+    for kept in ("history.json", os.path.join("backup", "training_metadata.json"), "notes.txt"):
+        os.makedirs(os.path.join(folder.path, "tensorboard"), exist_ok=True)
+        for name in ("config.yaml", "skipped_files.txt", ".lock", kept):
+            os.makedirs(os.path.dirname(os.path.join(folder.path, name)), exist_ok=True)
+            open(os.path.join(folder.path, name), "w").close()
+        assert not folder.discard_if_valueless()
+        assert os.path.exists(os.path.join(folder.path, kept))
+        os.remove(os.path.join(folder.path, kept))
+        assert folder.discard_if_valueless() and not os.path.exists(folder.path)

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import zlib
 
@@ -42,6 +43,9 @@ log = logging.getLogger("caco_tf")
 
 METADATA = "training_metadata.json"
 KEPT = 2  # resume checkpoints kept: the newest and the one before it
+# What a run writes before its first step, which the next launch writes again: a run folder
+# holding nothing else holds nothing of value (``RunFolder.discard_if_valueless``).
+SET_UP_FILES = (".lock", "config.yaml", "skipped_files.txt")
 
 
 class RunFolderError(UserError):
@@ -130,6 +134,21 @@ class RunFolder:
         """Take the folder for this process (a ``RunLock``, released when the process ends,
         however it ends); a ``RunFolderError`` naming the holder if another process has it."""
         return RunLock(self.lock_path, self.path)
+
+    def discard_if_valueless(self):
+        """Remove the run folder if it holds only ``SET_UP_FILES`` (and empty folders), as a
+        run that failed before its first save leaves it; returns whether it did.
+
+        Call it holding the folder's lock (``lock``): a folder another process holds, or
+        one with a checkpoint, a history or any file of the user's, is never removed."""
+        try:
+            for root, _, files in os.walk(self.path, onerror=_raise):
+                if any(root != self.path or name not in SET_UP_FILES for name in files):
+                    return False
+        except OSError:
+            return False
+        shutil.rmtree(self.path, ignore_errors=True)
+        return not os.path.exists(self.path)
 
     # ------------------------------------------------------------------ resume state
     def read_backup(self):
@@ -280,9 +299,28 @@ class RunLock:
     left by a dead process never blocks a relaunch."""
 
     def __init__(self, path, folder):
+        self.path, self.handle = path, None
+        while True:
+            handle = self._take(path, folder)
+            # A holder that removed the folder (a run that failed before its first save) may
+            # have released the lock of a file that no longer has this name: take the new one.
+            try:
+                if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            handle.close()
+        handle.seek(0)
+        handle.truncate()
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+                   "started": datetime.datetime.now().isoformat(timespec="seconds")}, handle)
+        handle.flush()
+        self.handle = handle
+
+    @staticmethod
+    def _take(path, folder):
         import fcntl
 
-        self.path, self.handle = path, None
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a+")
         try:
@@ -300,12 +338,7 @@ class RunLock:
                 f"{folder} is in use by process {holder.get('pid', '?')} on "
                 f"{holder.get('host', '?')} (since {holder.get('started', '?')}): wait for it "
                 f"to end or stop it, or pass another --run-dir") from None
-        handle.seek(0)
-        handle.truncate()
-        json.dump({"host": socket.gethostname(), "pid": os.getpid(),
-                   "started": datetime.datetime.now().isoformat(timespec="seconds")}, handle)
-        handle.flush()
-        self.handle = handle
+        return handle
 
     def release(self):
         if self.handle is not None:
@@ -408,6 +441,10 @@ def _flush_folder(path):
         pass  # some file systems cannot sync a folder; the rename is still atomic
     finally:
         os.close(descriptor)
+
+
+def _raise(error):
+    raise error
 
 
 def _remove_quietly(path):
