@@ -187,3 +187,39 @@ def test_a_closed_standard_output_is_one_warning_and_the_run_goes_on(tiny, tmp_p
         "warning: standard output was closed (Broken pipe); the run goes on; its progress is "
         "in the run folder's history.json and tensorboard/"]
     assert os.path.exists(RunFolder(run_dir).results)
+
+
+def test_a_closed_terminal_saves_as_sigterm_does(tiny, reference, tmp_path):
+    """A run in a terminal that closes (an ssh session lost): the kernel sends SIGHUP and the
+    terminal takes no more output; the run finishes its step, saves, exits with 129, and the
+    same command ends as the run never stopped, bit for bit."""
+    import fcntl
+    import pty
+    import select
+    import termios
+
+    run_dir = tmp_path / "run"
+    terminal, attached = pty.openpty()
+
+    def in_the_terminal():  # a session of its own, whose controlling terminal is the pty
+        os.setsid()
+        fcntl.ioctl(attached, termios.TIOCSCTTY, 0)
+
+    process = subprocess.Popen(command(run_dir, tiny), cwd=str(tmp_path), env=environment(),
+                               stdin=attached, stdout=attached, stderr=attached,
+                               preexec_fn=in_the_terminal)
+    os.close(attached)
+    shown, deadline = b"", time.time() + 240
+    while b"Epoch 2/2" not in shown and time.time() < deadline:
+        if select.select([terminal], [], [], 1)[0]:
+            try:
+                shown += os.read(terminal, 4096)
+            except OSError:
+                break
+    os.close(terminal)  # the terminal is gone: SIGHUP
+    assert process.wait(timeout=120) == 128 + signal.SIGHUP, shown.decode()[-2000:]
+    newest = json.load(open(os.path.join(run_dir, "backup", "training_metadata.json")))
+    assert newest["checkpoints"][0]["epoch"] == 1  # epoch 1's end, or a step of epoch 2
+    resumed = run(command(run_dir, tiny, "--quiet"), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_same_run(str(run_dir), reference)
