@@ -158,3 +158,28 @@ def test_extraction_reads_tiff_and_warns_of_other_files(photo_folder, capsys):
     warning = capsys.readouterr().err
     assert "warning: passed over 2 files of another type than" in warning
     assert "phone.heic" in warning
+
+
+def test_a_named_pipe_named_as_an_image_is_listed_and_never_read(tmp_path, capsys):
+    """A named pipe (any file that is not a regular one) named as an image would block its
+    reader for ever: the listing passes it over, says so and lists it."""
+    folder = tmp_path / "images"
+    (folder / "cats").mkdir(parents=True)
+    (folder / "dogs" / "old").mkdir(parents=True)
+    for name in ("cats/a.png", "dogs/d.png"):
+        (folder / name).write_bytes(every_format()["rgba.png"])
+    os.mkfifo(folder / "cats" / "b.png")
+    os.mkfifo(folder / "dogs" / "old" / "c.jpg")
+    source = sources.folder_source(str(folder))
+    images = [str(folder / "cats" / "a.png"), str(folder / "dogs" / "d.png")]
+    assert list(source.paths) == images
+    listing = tmp_path / "skipped_files.txt"
+    assert sources.describe_inputs(source, None, str(listing)) == (
+        f"images: 2 for training; passed over 2 files named as images but not regular files "
+        f"(named pipes, devices, broken links); files passed over are listed in {listing}")
+    assert listing.read_text().splitlines() == [
+        f"not a regular file\t{folder / 'cats' / 'b.png'}",
+        f"not a regular file\t{folder / 'dogs' / 'old' / 'c.jpg'}"]
+    assert extraction.list_image_files(str(folder)) == images
+    assert "warning: passed over 2 files named as images but not regular files" in (
+        capsys.readouterr().err)

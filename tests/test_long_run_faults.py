@@ -223,3 +223,57 @@ def test_a_closed_terminal_saves_as_sigterm_does(tiny, reference, tmp_path):
     resumed = run(command(run_dir, tiny, "--quiet"), tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_run(str(run_dir), reference)
+
+
+def test_signals_are_honoured_while_the_input_waits_for_ever(tiny, tmp_path):
+    """The images become named pipes once listed (a reader of one waits until something
+    writes): the first step never ends.  A SIGTERM then says so in one line, and a second one
+    ends the run at once (both used to be ignored: only SIGKILL ended it)."""
+    import errno
+    import select
+
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    names = [str(folder / f"{number:03d}.png") for number in range(64)]
+    for name in names:
+        Image.fromarray(np.full((28, 28), 128, np.uint8)).save(name)
+    process = subprocess.Popen(command(tmp_path / "run", tiny, "--quiet")
+                               + ["--set", f"data.source=folder:{folder}"],
+                               cwd=str(tmp_path), env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    writers = []
+    try:
+        assert process.stdout.readline().startswith("images: 64 for training")
+        for name in names:
+            os.remove(name)
+            os.mkfifo(name)
+        deadline = time.time() + 120
+        while not writers and time.time() < deadline:  # until the input opens one of them
+            for name in names:
+                try:
+                    writers.append(os.open(name, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError as error:
+                    assert error.errno == errno.ENXIO  # no reader yet
+            time.sleep(0.1)
+        assert writers and process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        lines, deadline = [], time.time() + 60
+        while not any("has not ended" in line for line in lines) and time.time() < deadline:
+            if select.select([process.stderr], [], [], 1)[0]:
+                lines.append(process.stderr.readline())
+        assert lines[-1] == (
+            "SIGTERM received 5 s ago and the step in progress has not ended (it waits for its "
+            "input, or a long compiled call): the run saves once it ends; send SIGTERM again "
+            "to stop at once (the run resumes from its last saved state)\n"), lines
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 128 + signal.SIGTERM
+        assert process.stderr.read().splitlines()[-1] == (
+            "stopped at once by a second SIGTERM: the run resumes from its last saved state")
+    finally:
+        for writer in writers:
+            os.close(writer)
+        if process.poll() is None:
+            process.kill()
+            process.wait()

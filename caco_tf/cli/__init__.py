@@ -116,6 +116,9 @@ def _filter_standard_error():
         thread.join(timeout=2)
 
     atexit.register(restore)
+    from caco_tf.training import interrupts  # no TensorFlow
+
+    interrupts.BEFORE_EXIT.append(restore)
 
 
 def guard(work, cleanup=None):

@@ -146,6 +146,8 @@ class Resume(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not logs:
             return  # a step passed over by a resume
+        if self.signals is not None:
+            self.signals.step_ended()
         done = batch + 1
         stop = self._signalled()
         due = self.every is not None and time.monotonic() - self._saved_at >= self.every
