@@ -10,6 +10,7 @@ training; a configuration this library saved in an older layout loads as it is
 
 import copy
 import os
+import re
 
 import yaml
 
@@ -24,6 +25,9 @@ STRATEGIES = ("auto", "default", "mirrored", "multiworker")
 METHODS = ("caco", "none", "positive", "negative", "moco_v2", "simclr")
 
 
+SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _check_type(name, value):
     setting = SETTINGS[name]
     expected = setting.type
@@ -31,6 +35,8 @@ def _check_type(name, value):
         return None
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if expected is float and isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
     if expected is bool and not isinstance(value, bool):
         raise ConfigError(f"{name} must be true or false, got {value!r}")
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
