@@ -193,8 +193,22 @@ def changes_since_backup(folder, config):
     folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
     if not (folder.has_backup() and os.path.exists(folder.config)):
         return []
-    with open(folder.config) as handle:
-        return changed_settings(upgrade_saved_config(yaml.safe_load(handle) or {}), config)
+    try:
+        with open(folder.config) as handle:
+            saved = upgrade_saved_config(yaml.safe_load(handle) or {})
+        if not (isinstance(saved, dict) and all(isinstance(v, dict) for k, v in saved.items()
+                                                if k in config and isinstance(config[k], dict))):
+            raise ValueError("not a mapping of settings")
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
+        reason = (error.strerror if isinstance(error, OSError) else
+                  f"not valid YAML: {error.problem} at line {error.problem_mark.line + 1}"
+                  if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark else
+                  "not valid YAML" if isinstance(error, yaml.YAMLError) else str(error))
+        raise ConfigError(
+            f"cannot read {folder.config} ({reason}): it records the settings the checkpoint "
+            f"in {folder.backup} was trained with; restore it, or delete it to resume with "
+            f"this command's settings") from None
+    return changed_settings(saved, config)
 
 
 def _discard_on_error(folder):

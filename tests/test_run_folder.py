@@ -220,3 +220,81 @@ def test_only_a_folder_holding_nothing_of_value_is_discarded(tmp_path):
         assert os.path.exists(os.path.join(folder.path, kept))
         os.remove(os.path.join(folder.path, kept))
         assert folder.discard_if_valueless() and not os.path.exists(folder.path)
+
+
+@pytest.mark.parametrize("metadata, reason", [
+    ([1, 2], "a JSON list, not an object"),
+    ({"checkpoints": {}}, "'checkpoints' is not a list of checkpoints"),
+    ({"checkpoints": [{"epoch": "3", "weights": "a.weights.h5"}]}, "a checkpoint's 'epoch' is '3'"),
+    ({"checkpoints": [{"epoch": 3}]}, "a checkpoint's 'weights' is None"),
+    ({"checkpoints": [{"epoch": 3, "weights": "../../etc/x"}]}, "not a file name"),
+    ({"checkpoints": [{"epoch": 3, "weights": "a", "metrics": {"loss": "x"}}]},
+     "a checkpoint's metric 'loss' is 'x'"),
+    ({"weights": "latest.weights.h5"}, "no 'epoch'"),
+])
+def test_training_metadata_of_the_wrong_shape_is_one_line(tmp_path, metadata, reason):
+    """Valid JSON that is not what this library wrote: one line naming the file and what to
+    do, never a traceback (every relaunch died the same way)."""
+    folder = RunFolder(str(tmp_path))
+    os.makedirs(folder.backup)
+    path = os.path.join(folder.backup, "training_metadata.json")
+    with open(path, "w") as handle:
+        json.dump(metadata, handle)
+    with pytest.raises(RunFolderError) as caught:
+        folder.read_backup()
+    assert str(caught.value).startswith(f"cannot read {path}: ")
+    assert reason in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).endswith(f"restore it, or move {folder.backup} away to start the "
+                                      f"run again")
+
+
+def test_a_damaged_history_is_moved_aside_and_the_run_goes_on(tmp_path, caplog):
+    from caco_tf.training.callbacks import HistoryJSON
+
+    path = tmp_path / "history.json"
+    for damaged in ('[{"epoch": 1, "loss": 2.5}, {"epo', '{"epoch": 1}', '[{"loss": 1}]'):
+        path.write_text(damaged)
+        history = HistoryJSON(str(path))
+        with caplog.at_level(logging.WARNING, logger="caco_tf"):
+            caplog.clear()
+            history.on_train_begin()
+            history.on_epoch_end(2, {"loss": 1.5})
+        assert json.load(open(path)) == [{"epoch": 3, "loss": 1.5}]
+        assert (tmp_path / "history.json.damaged").read_text() == damaged
+        [warning] = [record.getMessage() for record in caplog.records]
+        assert warning.startswith(f"warning: {path} is damaged (")
+        assert warning.endswith(f"moved to {path}.damaged; the history goes on from the next "
+                                f"epoch (the earlier epochs' figures are in TensorBoard)")
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("train: {epochs: 4\nmodel: [", "not valid YAML: "),
+    ("- a\n- b\n", "not a mapping of settings"),
+    ("train: 3\n", "not a mapping of settings"),
+])
+def test_a_damaged_config_yaml_of_a_run_to_resume_is_one_line(model, tmp_path, text, reason):
+    from caco_tf import pretrain
+    from caco_tf.training.config import ConfigError, load_config
+
+    folder = RunFolder(str(tmp_path))
+    folder.write_backup(model, 1, 0, 3)
+    with open(folder.config, "w") as handle:
+        handle.write(text)
+    with pytest.raises(ConfigError) as caught:
+        pretrain.changes_since_backup(folder, load_config())
+    assert str(caught.value) == (
+        f"cannot read {folder.config} ({reason}{str(caught.value).split(reason)[1].split(')')[0]}"
+        f"): it records the settings the checkpoint in {folder.backup} was trained with; "
+        f"restore it, or delete it to resume with this command's settings")
+    os.remove(folder.config)  # what the line says to do
+    assert pretrain.changes_since_backup(folder, load_config()) == []
+
+
+def test_figures_name_a_damaged_history(tmp_path):
+    from caco_tf.errors import UserError
+    from caco_tf.evaluation import figures
+
+    (tmp_path / "history.json").write_text('[{"epoch": 1, "lo')
+    with pytest.raises(UserError, match=r"cannot read .*history.json: not valid JSON \(.*\); "
+                                        r"restore it, or move it away"):
+        figures.read_history(str(tmp_path))

@@ -3,7 +3,6 @@
 The kNN monitor is an evaluation, in ``caco_tf.evaluation.monitor``.
 """
 
-import json
 import logging
 import os
 import signal
@@ -17,25 +16,35 @@ from caco_tf import __version__, health
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
-from caco_tf.training.run_folder import (RunFolder, save_weights_atomically,
+from caco_tf.training.run_folder import (RunFolder, read_history, save_weights_atomically,
                                          write_json_atomically)
 
 
 class HistoryJSON(keras.callbacks.Callback):
     """Writes every finished epoch's logs to a JSON list, surviving resumes.
 
-    Keyed by epoch, so an epoch redone after a kill replaces its earlier partial record.
+    Keyed by epoch, so an epoch redone after a kill replaces its earlier partial record.  A
+    damaged file (cut, edited by hand) is moved aside with one warning line, and a new one
+    started: it is the run's log, not its state, and must not stop the run.
     """
 
     def __init__(self, path):
         super().__init__()
         self.path = path
 
+    def on_train_begin(self, logs=None):
+        self._load()  # a damaged file is moved aside before the first epoch, not after it
+
     def _load(self):
-        if not os.path.exists(self.path):
+        try:
+            return {row["epoch"]: row for row in read_history(self.path)}
+        except ValueError as error:
+            aside = f"{self.path}.damaged"
+            os.replace(self.path, aside)
+            logging.getLogger("caco_tf").warning(
+                "warning: %s is damaged (%s): moved to %s; the history goes on from the next "
+                "epoch (the earlier epochs' figures are in TensorBoard)", self.path, error, aside)
             return {}
-        with open(self.path) as handle:
-            return {row["epoch"]: row for row in json.load(handle)}
 
     def on_epoch_end(self, epoch, logs=None):
         history = self._load()

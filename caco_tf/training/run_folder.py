@@ -190,14 +190,29 @@ class RunFolder:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as error:
-            raise RunFolderError(f"cannot read {path}: {error}; move {self.backup} away to "
-                                 f"start the run again") from error
-        if "checkpoints" in metadata:
-            return metadata["checkpoints"]
-        # One checkpoint, no checksum: this library's first layout, or Keras' own.
-        return [{"epoch": metadata["epoch"], "step": 0,
-                 "weights": metadata.get("weights", "latest.weights.h5"),
-                 "steps_per_epoch": metadata.get("steps_per_epoch")}]
+            raise self._damaged_metadata(path, error) from error
+        try:
+            if not isinstance(metadata, dict):
+                raise ValueError(f"a JSON {type(metadata).__name__}, not an object")
+            if "checkpoints" in metadata:
+                entries = metadata["checkpoints"]
+                if not isinstance(entries, list) or not entries:
+                    raise ValueError("'checkpoints' is not a list of checkpoints")
+            else:  # one checkpoint, no checksum: this library's first layout, or Keras' own
+                entries = [{"epoch": metadata["epoch"], "step": 0,
+                            "weights": metadata.get("weights", "latest.weights.h5"),
+                            "steps_per_epoch": metadata.get("steps_per_epoch")}]
+            for entry in entries:
+                _check_entry(entry)
+        except (KeyError, TypeError, ValueError) as error:
+            reason = f"no {error}" if isinstance(error, KeyError) else str(error)
+            raise self._damaged_metadata(path, reason) from None
+        return entries
+
+    def _damaged_metadata(self, path, reason):
+        return RunFolderError(
+            f"cannot read {path}: {reason}; it says which checkpoint of {self.backup} to resume "
+            f"from: restore it, or move {self.backup} away to start the run again")
 
     def _damage(self, entry):
         """Why a recorded checkpoint cannot be used, or None."""
@@ -253,6 +268,51 @@ class RunFolder:
         return (f"the previous checkpoint (epoch {point.epoch + 1}, step {point.step}) is "
                 f"intact") if point.step else (
             f"the previous checkpoint (after epoch {point.epoch}) is intact")
+
+
+def read_history(path):
+    """The rows of a ``history.json`` (one object with an ``epoch`` number per finished epoch;
+    [] when there is none); a ``ValueError`` saying what is wrong with a damaged one."""
+    try:
+        with open(path) as handle:
+            rows = json.load(handle)
+    except FileNotFoundError:
+        return []
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not text ({error.reason})") from None
+    except ValueError as error:  # cut by a crash, or edited by hand
+        raise ValueError(f"not valid JSON ({error})") from None
+    if not isinstance(rows, list) or not all(
+            isinstance(row, dict) and isinstance(row.get("epoch"), int) for row in rows):
+        raise ValueError("not a list of epochs, each an object with its 'epoch' number")
+    return rows
+
+
+# What each field of a checkpoint's entry in training_metadata.json holds (None: may be absent).
+_ENTRY_FIELDS = {"epoch": int, "step": (int, None), "iterations": (int, None),
+                 "weights": str, "steps_per_epoch": (int, None), "bytes": (int, None),
+                 "crc32": (int, None), "metrics": (dict, None), "version": (str, None)}
+
+
+def _check_entry(entry):
+    """A ``ValueError`` saying what is wrong with one checkpoint's entry, if anything."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a checkpoint's entry is a JSON {type(entry).__name__}, not an object")
+    for field, kinds in _ENTRY_FIELDS.items():
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        value = entry.get(field)
+        if value is None and None in kinds:
+            continue
+        types = tuple(kind for kind in kinds if kind is not None)
+        if not isinstance(value, types) or isinstance(value, bool) or (
+                isinstance(value, int) and value < 0):
+            raise ValueError(f"a checkpoint's {field!r} is {value!r}")
+    if os.path.basename(entry["weights"]) != entry["weights"] or entry["weights"] in ("", ".."):
+        raise ValueError(f"a checkpoint's 'weights' is {entry['weights']!r}, not a file name")
+    for name, values in (entry.get("metrics") or {}).items():
+        if not (isinstance(values, list) and all(isinstance(v, (int, float, list))
+                                                 for v in values)):
+            raise ValueError(f"a checkpoint's metric {name!r} is {values!r}")
 
 
 def write_error(error, path):
