@@ -29,6 +29,13 @@ SCHEDULE_SETTINGS = ("data.source", "train.epochs", "train.batch_size", "train.l
                      "method.key_momentum", "method.warmup_epochs", "method.warmup_min_steps")
 
 
+# Settings that change what is trained (the method, the networks, the bank, the images' channels):
+# a resume refuses them, since the checkpoint holds what the old ones built.  By prefix;
+# ".bank_size" by its end, wherever the method's section puts it.
+TRAINED_SETTINGS = ("method.name", "model.", "data.channels")
+TRAINED_SUFFIXES = (".bank_size",)
+
+
 class TrainingStopped(ConfigError):
     """The run stopped itself (a NaN loss, a collapse with ``train.stop_on_collapse``)."""
 
@@ -73,6 +80,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
     backup = folder.read_backup()
     changes = changes_since_backup(folder, config) if backup else []
     check_plan(config, run_dir, backup, changes, steps_per_epoch)
+    if chief and changes:
+        print(resumed_with(run_dir, backup, changes), flush=True)
 
     def write_config():
         with open(folder.config, "w") as handle:
@@ -169,11 +178,20 @@ def _run(config, folder, strategy, chief, verbose, stack):
 
 
 def check_plan(config, run_dir, backup, changes, steps_per_epoch):
-    """Refuse, in one line, a resume whose settings change the schedules of the run in
-    progress, unless ``train.on_schedule_change`` is ``rescale`` (then every schedule is
+    """Refuse, in one line, a resume whose settings change what is trained
+    (``TRAINED_SETTINGS``: the method, the networks, the bank), or the schedules of the run in
+    progress unless ``train.on_schedule_change`` is ``rescale`` (then every schedule is
     re-planned over the new length and the run continues at its step: the learning rates and
     the EMA momentum jump to the new plan's values there)."""
-    if backup is None or config["train"]["on_schedule_change"] == "rescale":
+    if backup is None:
+        return
+    trained = [change for change in changes if _changes_what_is_trained(change.split(":")[0])]
+    if trained:
+        raise ConfigError(
+            f"cannot resume {run_dir} at epoch {backup.epoch}: {', '.join(trained)} would change "
+            f"what is trained (its checkpoint holds what the settings it was trained with "
+            f"built); re-run with those settings, or pass another --run-dir to train anew")
+    if config["train"]["on_schedule_change"] == "rescale":
         return
     changed = [change for change in changes if change.split(":")[0] in SCHEDULE_SETTINGS]
     if backup.steps_per_epoch and backup.steps_per_epoch != steps_per_epoch:
@@ -184,6 +202,17 @@ def check_plan(config, run_dir, backup, changes, steps_per_epoch):
             f"change the schedules of the run in progress; re-run with the settings it was "
             f"trained with, or add --set train.on_schedule_change=rescale to re-plan the rest "
             f"of the run over the new length")
+
+
+def _changes_what_is_trained(key):
+    return key.startswith(TRAINED_SETTINGS) or key.endswith(TRAINED_SUFFIXES)
+
+
+def resumed_with(run_dir, backup, changes):
+    """The line a resume with changed settings prints: what changed."""
+    where = (f"epoch {backup.epoch + 1}, step {backup.step}" if backup.step
+             else f"the end of epoch {backup.epoch}")
+    return f"resuming {run_dir} at {where} with changed settings: {', '.join(changes)}"
 
 
 def changes_since_backup(folder, config):

@@ -298,3 +298,39 @@ def test_figures_name_a_damaged_history(tmp_path):
     with pytest.raises(UserError, match=r"cannot read .*history.json: not valid JSON \(.*\); "
                                         r"restore it, or move it away"):
         figures.read_history(str(tmp_path))
+
+
+@pytest.mark.parametrize("assignment, change", [
+    ("method.name=simclr", "method.name: 'caco' -> 'simclr'"),
+    ("model.backbone=cifar_resnet18", "model.backbone: 'small_convnet' -> 'cifar_resnet18'"),
+    ("model.widths=[8,8,8,8]", "model.widths: None -> [8, 8, 8, 8]"),
+    ("model.embedding_dim=64", "model.embedding_dim: 128 -> 64"),
+    ("method.bank_size=512", "method.bank_size: 1024 -> 512"),
+])
+def test_a_resume_that_changes_what_is_trained_is_refused_naming_the_setting(
+        tmp_path, assignment, change):
+    """Even with train.on_schedule_change=rescale: a CaCo checkpoint does not become SimCLR."""
+    from caco_tf import pretrain
+    from caco_tf.training.config import ConfigError, load_config
+
+    config = load_config("mnist", [assignment, "train.on_schedule_change=rescale"])
+    point = run_folder.ResumePoint(3, 0, "w", 250, {}, 750, "0.3.0")
+    changes = pretrain.changed_settings(load_config("mnist"), config)
+    assert change in changes
+    with pytest.raises(ConfigError) as caught:
+        pretrain.check_plan(config, str(tmp_path), point, changes, 250)
+    assert str(caught.value) == (
+        f"cannot resume {tmp_path} at epoch 3: {change} would change what is trained (its "
+        f"checkpoint holds what the settings it was trained with built); re-run with those "
+        f"settings, or pass another --run-dir to train anew")
+
+
+def test_a_resume_with_other_changed_settings_says_what_changed():
+    from caco_tf import pretrain
+
+    point = run_folder.ResumePoint(3, 20, "w", 250, {}, 770, "0.3.0")
+    changes = ["train.precision: 'float32' -> 'mixed_bfloat16'"]
+    pretrain.check_plan({"train": {"on_schedule_change": "refuse"}}, "RUN", point, changes, 250)
+    assert pretrain.resumed_with("RUN", point, changes) == (
+        "resuming RUN at epoch 4, step 20 with changed settings: train.precision: 'float32' -> "
+        "'mixed_bfloat16'")
