@@ -69,6 +69,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
     train, held_out = load_data(config)
     check_sizes(config, len(train), strategy.num_replicas_in_sync)
     probe_classes = online_probe_classes(config, train)
+    views = build_views(config)  # checks the views' shapes: before anything is written
     if chief:  # the settings and data are sound: take the run folder (held until the end)
         created = not os.path.isdir(run_dir)
         os.makedirs(run_dir, exist_ok=True)
@@ -91,7 +92,6 @@ def _run(config, folder, strategy, chief, verbose, stack):
         write_config()
         # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
-    views = build_views(config)
     policy, chosen_because = precision.resolve(config["train"]["precision"])
     if chief and chosen_because:
         print(f"precision: {policy} ({chosen_because})", flush=True)
