@@ -5,6 +5,7 @@ The run folder's files are named in ``caco_tf.training.run_folder``.
 
 import contextlib
 import os
+import shutil
 
 import keras
 import tensorflow as tf
@@ -15,7 +16,7 @@ from caco_tf.build import (build_model, build_views, check_sizes, health_sample,
                            online_probe_classes, precise_bn)
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
-from caco_tf.training import callbacks, distribute, interrupts, peers, precision
+from caco_tf.training import callbacks, distribute, interrupts, peers, precision, run_folder
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
@@ -98,6 +99,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
     with _dtype_policy(policy), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
+    if chief:
+        check_space(folder, model)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
     skipped = data.SkippedFiles(list_path=folder.skipped_files if chief else None)
     if chief:
@@ -168,13 +171,43 @@ def _run(config, folder, strategy, chief, verbose, stack):
         return {}
     # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model
     # reads it, and caco-evaluate and caco-export take it instead of the run folder.
-    model.save(folder.model)
-    backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
-    results["saved_model"] = export.export_backbone(
-        backbone, folder.saved_model, config["data"]["image_size"],
-        config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
-    write_json_atomically(folder.results, results, indent=1)
+    writing = folder.model
+    try:
+        model.save(folder.model)
+        backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
+        writing = folder.saved_model
+        results["saved_model"] = export.export_backbone(
+            backbone, folder.saved_model, config["data"]["image_size"],
+            config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
+        writing = folder.results
+        write_json_atomically(folder.results, results, indent=1)
+    except tf.errors.OpError as error:  # TensorFlow's own writes (the SavedModel's variables)
+        raise write_error(error, writing) from None
     return results
+
+
+def check_space(folder, model):
+    """A ``WriteError`` at the start, with the sizes, when the run folder's file system cannot
+    hold what the run will write (``run_folder.space_needed``) beside what it holds."""
+    needed, parts = run_folder.space_needed(model)
+    try:
+        free = shutil.disk_usage(folder.path).free
+    except OSError:
+        return
+    held = run_folder.size_of(folder.backup, folder.checkpoint, folder.model, folder.saved_model)
+    if free + held < needed:
+        raise run_folder.WriteError(
+            f"cannot write {folder.path}: its file system has {_size(free)} free (and "
+            f"{_size(held)} in files the run will replace) but the run's files need about "
+            f"{_size(needed)} ({parts}); free space on its disk (or pass another --run-dir), "
+            f"then run the same command to continue")
+
+
+def _size(count):
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
 
 
 def check_plan(config, run_dir, backup, changes, steps_per_epoch):

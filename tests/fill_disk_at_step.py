@@ -1,5 +1,6 @@
 """Run ``train.py`` with its arguments, filling the file system of PATH right after a chosen
-global step: ``python tests/fill_disk_at_step.py STEP PATH TRAIN_ARGS...``.
+global step (or, with STEP ``export``, before the end-of-run export of the SavedModel):
+``python tests/fill_disk_at_step.py STEP PATH TRAIN_ARGS...``.
 
 PATH (a file on the run folder's file system) is written until the disk is full, with real
 writes, so that the run's next write to that file system fails as on a full disk.
@@ -27,7 +28,14 @@ def fill(path):
 
 
 def main():
-    step, path, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    step, path, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if step == "export":  # once trained, before the SavedModel's export
+        from caco_tf.serving import export
+
+        export_backbone = export.export_backbone
+        export.export_backbone = lambda *a, **k: (fill(path), export_backbone(*a, **k))[1]
+        return train.main(argv)
+    step = int(step)
     on_batch_end = callbacks.Throughput.on_train_batch_end
 
     def fill_after_step(self, batch, logs=None):

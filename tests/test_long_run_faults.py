@@ -157,6 +157,31 @@ def test_a_full_disk_keeps_the_checkpoint_and_the_same_command_ends_as_never_sto
         assert_same_run(run_dir, reference)
 
 
+def test_a_full_disk_while_exporting_is_one_line_and_the_same_command_finishes(
+        tiny, reference, tmp_path):
+    """The disk fills up once trained, as the SavedModel is written (TensorFlow's own write):
+    one line, exit status 74 (it was a traceback); once space is freed, the same command
+    writes what the end of the run writes, and the run is the one never stopped."""
+    with tmpfs(tmp_path / "disk", 16 << 20) as disk:
+        run_dir = os.path.join(disk, "run")
+        filler = os.path.join(disk, "filler")
+        full = run(command(run_dir, tiny, "export", filler, "--quiet",
+                           script=os.path.join("tests", "fill_disk_at_step.py")), tmp_path)
+        assert full.returncode == 74, full.stderr[-2000:]
+        assert "Traceback" not in full.stderr
+        [line] = errors(full.stderr)
+        assert line.startswith(f"error: cannot write {os.path.join(run_dir, 'saved_model')}")
+        assert line.endswith("No space left on device; free space on its disk (or pass another "
+                             "--run-dir), then run the same command to continue")
+        os.remove(filler)
+        again = run(command(run_dir, tiny, "--quiet"), tmp_path)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
+                                           "saved_model.pb"))
+        assert os.path.exists(RunFolder(run_dir).results)
+        assert_same_run(run_dir, reference)
+
+
 def test_a_stop_for_collapse_keeps_the_backup_it_names(tiny, tmp_path):
     """train.stop_on_collapse in a new run: the line says the last good state is kept in
     RUN_DIR/backup, and it is."""

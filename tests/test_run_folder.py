@@ -154,9 +154,10 @@ def test_one_writer_per_run_folder_and_a_dead_holder_does_not_block(tmp_path):
         assert json.load(open(folder.lock_path))["pid"] == os.getpid()
 
 
-def test_training_onto_a_full_disk_ends_in_one_error_line(tmp_path):
-    """caco-train whose run folder's disk fills up: one ``error:`` line naming the path and
-    the cause, exit status 74, no traceback."""
+def test_a_run_folder_too_small_for_the_run_is_refused_at_the_start_with_the_sizes(tmp_path):
+    """caco-train whose run folder's file system cannot hold the run's checkpoints and exports:
+    one ``error:`` line at the start with the sizes, exit status 74, no traceback, and no
+    folder left (it used to fail at the first save, or once trained, at the export)."""
     from caco_tf.data import load_offline_mnist
 
     images, labels = load_offline_mnist()["train"]
@@ -173,11 +174,16 @@ def test_training_onto_a_full_disk_ends_in_one_error_line(tmp_path):
              "--set", "model.projector_hidden=32", "--set", "model.embedding_dim=16",
              "--set", "evaluation.knn_monitor_every=0", "--set", "evaluation.health_images=0"],
             cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+        left = os.path.exists(run_dir)
     assert result.returncode == 74, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and not left
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and f"cannot write {run_dir}" in errors[0]
-    assert "No space left on device" in errors[0] and "free space on its disk" in errors[0]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: cannot write {run_dir}: its file system has ")
+    assert " but the run's files need about " in errors[0]
+    assert "(resume checkpoints 3 x " in errors[0] and "the SavedModel " in errors[0]
+    assert errors[0].endswith("free space on its disk (or pass another --run-dir), then run "
+                              "the same command to continue")
 
 
 def test_a_resume_that_cannot_continue_names_the_versions(model, tmp_path):

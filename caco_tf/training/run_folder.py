@@ -348,9 +348,56 @@ def is_write_failure(error):
 
 
 def _errno_in(error):
-    """The errno that h5py and TensorFlow write into their messages ("errno = 28"), or None."""
+    """The errno that h5py and TensorFlow write into their messages ("errno = 28", or its
+    words: "No space left on device"), or None."""
     found = re.search(r"errno = (\d+)", str(error))
-    return int(found.group(1)) if found else None
+    if found:
+        return int(found.group(1))
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO):
+        if os.strerror(code) in str(error):
+            return code
+    return None
+
+
+def space_needed(model):
+    """(bytes, what they are) that a run of ``model`` writes at most at once into its folder:
+    the resume checkpoints (newest, previous, and one being written), the weights checkpoint,
+    ``model.keras`` and the SavedModel, estimated from the variables' sizes."""
+    def size(variables):
+        return sum(_bytes_of(variable) for variable in variables)
+
+    arrays = list(model.weights) + list(model.optimizer.variables)
+    if not getattr(model.optimizer, "built", True):
+        arrays += list(model.trainable_weights)  # its momentum, made at its first step
+    state = size(arrays) + 1024 * len(arrays) + (64 << 10)  # and the file's own structure
+    encoders = [getattr(model, name, None) for name in ("backbone", "query_encoder")]
+    exported = sum(size(e.weights) for e in encoders if e is not None) + (2 << 20)  # + graphs
+    checkpoints = (KEPT + 1) * state
+    return (checkpoints + state + state + exported,
+            f"resume checkpoints {KEPT + 1} x {state / 2**20:.1f} MiB, the weights checkpoint "
+            f"and model.keras {state / 2**20:.1f} MiB each, the SavedModel "
+            f"{exported / 2**20:.1f} MiB")
+
+
+def _bytes_of(variable):
+    import tensorflow as tf
+
+    count = 1
+    for dimension in variable.shape:
+        count *= int(dimension)
+    return count * tf.dtypes.as_dtype(variable.dtype).size
+
+
+def size_of(*paths):
+    """Bytes in the files at ``paths`` (folders: every file under them; missing: 0)."""
+    total = 0
+    for path in paths:
+        if os.path.isfile(path):
+            total += os.path.getsize(path)
+        for root, _, files in os.walk(path):
+            total += sum(os.path.getsize(os.path.join(root, name)) for name in files
+                         if os.path.isfile(os.path.join(root, name)))
+    return total
 
 
 class RunLock:
