@@ -289,7 +289,7 @@ def _loggers(folder):
     """What the chief writes every epoch: history, TensorBoard, the weights checkpoint."""
     return [callbacks.HistoryJSON(folder.history),
             keras.callbacks.TensorBoard(folder.tensorboard),
-            callbacks.Checkpoint(folder.checkpoint)]
+            callbacks.Checkpoint(folder.checkpoint, folder)]
 
 
 def _callbacks(resume, loggers, monitor=None, precise=None):

@@ -340,3 +340,29 @@ def test_a_resume_with_other_changed_settings_says_what_changed():
     assert pretrain.resumed_with("RUN", point, changes) == (
         "resuming RUN at epoch 4, step 20 with changed settings: train.precision: 'float32' -> "
         "'mixed_bfloat16'")
+
+
+def test_the_epoch_checkpoint_is_the_resume_checkpoint_written_once(model, tmp_path):
+    """At an epoch's end the weights checkpoint is a hard link of the resume checkpoint just
+    written (the same bytes: written once, not twice); it outlives that checkpoint's removal,
+    and where the resume checkpoint is of another point it is written on its own."""
+    from caco_tf.training import callbacks
+
+    folder = RunFolder(str(tmp_path))
+    checkpoint = callbacks.Checkpoint(folder.checkpoint, folder)
+    checkpoint.set_model(model)
+    model.unhealthy = None
+    model.optimizer.iterations.assign(30)
+    folder.write_backup(model, 2, 0, 15)
+    checkpoint.on_epoch_end(1)
+    newest = folder.read_backup().weights
+    assert os.path.samefile(folder.checkpoint, newest)
+    expected = run_folder.weight_arrays(newest)
+    for step in (31, 32):  # two newer resume checkpoints: the linked one is removed
+        model.optimizer.iterations.assign(step)
+        folder.write_backup(model, 2, step - 30, 15)
+    assert not os.path.exists(newest)
+    assert run_folder.weight_arrays(folder.checkpoint).keys() == expected.keys()
+    checkpoint.on_epoch_end(2)  # the newest resume point is inside epoch 3: written anew
+    assert not os.path.samefile(folder.checkpoint, folder.read_backup().weights)
+    assert os.stat(folder.checkpoint).st_nlink == 1

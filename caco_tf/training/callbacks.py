@@ -16,8 +16,8 @@ from caco_tf import __version__, health
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
-from caco_tf.training.run_folder import (RunFolder, read_history, save_weights_atomically,
-                                         write_json_atomically)
+from caco_tf.training.run_folder import (RunFolder, link_atomically, read_history,
+                                         save_weights_atomically, write_json_atomically)
 
 
 class HistoryJSON(keras.callbacks.Callback):
@@ -212,15 +212,24 @@ class Resume(keras.callbacks.Callback):
 
 class Checkpoint(keras.callbacks.Callback):
     """The weights after every epoch, except after an unhealthy one, written atomically
-    (``run_folder.save_weights_atomically``)."""
+    (``run_folder.save_weights_atomically``).
 
-    def __init__(self, path):
+    ``folder``: the ``RunFolder`` whose resume checkpoint of the same epoch's end, when
+    ``Resume`` has just written it, the checkpoint becomes a hard link of: the same bytes
+    (``weights_bytes``), written once an epoch instead of twice."""
+
+    def __init__(self, path, folder=None):
         super().__init__()
-        self.path = path
+        self.path, self.folder = path, folder
 
     def on_epoch_end(self, epoch, logs=None):
-        if not getattr(self.model, "unhealthy", None):
-            save_weights_atomically(self.model, self.path)
+        if getattr(self.model, "unhealthy", None):
+            return
+        newest = self.folder.newest if self.folder is not None else None
+        if newest and newest[:2] == (epoch + 1, 0) and os.path.exists(newest[2]):
+            if link_atomically(newest[2], self.path):
+                return
+        save_weights_atomically(self.model, self.path)
 
 
 class ProgressBar(keras.callbacks.ProgbarLogger):

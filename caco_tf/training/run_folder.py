@@ -69,6 +69,7 @@ class RunFolder:
 
     def __init__(self, path):
         self.path = str(path)
+        self.newest = None  # (epoch, step, file) of the last resume checkpoint written here
 
     def _join(self, *parts):
         return os.path.join(self.path, *parts)
@@ -253,6 +254,7 @@ class RunFolder:
             _remove_quietly(partial)
             raise WriteError(_write_message(*_failure(error, final),
                                             self._describe_newest())) from error
+        self.newest = (int(epoch), int(step), final)
         kept = {e["weights"] for e in entries}
         for old in os.listdir(self.backup):
             if old.endswith((".weights.h5", ".bkp")) and old not in kept:
@@ -502,6 +504,25 @@ def save_weights_atomically(model, path):
         _remove_quietly(partial)
         raise
     _flush_folder(os.path.dirname(path))
+
+
+def link_atomically(source, path):
+    """``path`` made a hard link of the finished file ``source`` (the same bytes, written
+    once), replacing what had the name at once; False where the file system has no hard
+    links."""
+    partial = os.path.join(os.path.dirname(path), ".partial." + os.path.basename(path))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _remove_quietly(partial)
+        os.link(source, partial)
+        os.replace(partial, path)
+    except OSError as error:
+        _remove_quietly(partial)
+        if error.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS):
+            return False
+        raise
+    _flush_folder(os.path.dirname(path))
+    return True
 
 
 def _write_synced(path, contents):
