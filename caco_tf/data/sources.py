@@ -36,6 +36,7 @@ MNIST_TRAIN = 4000  # the offline split: permutation(seed 0), first 4,000 train,
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 UNSUPPORTED = "unsupported type"  # the reasons a listed file is passed over
 NOT_REGULAR = "not a regular file"  # a named pipe, a socket, a device, a broken link
+OUTSIDE_CLASSES = "outside the class folders"  # an image with no class folder, hence no class
 UNREADABLE = "unreadable"         # the reason a file the pipeline met is passed over
 SOURCES = "mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or tfrecord:GLOB"
 # Record sources shuffle through a buffer of this many encoded images (ImageNet's average ~110 kB:
@@ -407,10 +408,13 @@ def _is_folder(entry):
 
 
 def _entries(path, on_error):
-    """(files, folders) in folder ``path``, each sorted by name (``os.DirEntry`` objects)."""
+    """(files, folders) in folder ``path``, each sorted by name (``os.DirEntry`` objects);
+    hidden ones (a name starting with '.': ``.ipynb_checkpoints/``, ``.DS_Store``) are left
+    out, as the tools that make them mean."""
     try:
         with os.scandir(path) as scan:
-            entries = sorted(scan, key=lambda entry: entry.name)
+            entries = sorted((entry for entry in scan if not entry.name.startswith(".")),
+                             key=lambda entry: entry.name)
     except OSError as error:
         on_error(error)
     folders = [entry for entry in entries if _is_folder(entry)]
@@ -461,6 +465,8 @@ def folder_source(path, class_names=None):
     classes = [entry.name for entry in folders]
     passed_over = []
     if classes:
+        # Files beside the class folders have no class: listed, not used.
+        passed_over += [(image, OUTSIDE_CLASSES) for image in image_entries(files, passed_over)]
         per_class = [images_under(entry.path, passed_over) for entry in folders]
         classes = [c for c, files in zip(classes, per_class) if files]
         per_class = [files for files in per_class if files]
@@ -893,7 +899,9 @@ def describe_inputs(train, held_out=None, list_path=None):
 # How the inputs line says each reason but UNSUPPORTED (which names the extensions).
 PASSED_OVER_WORDS = {NOT_REGULAR: ("named as an image but not a regular file (a named pipe, a "
                                    "device, a broken link)", "named as images but not regular "
-                                   "files (named pipes, devices, broken links)")}
+                                   "files (named pipes, devices, broken links)"),
+                     OUTSIDE_CLASSES: ("beside the class folders (an image there has no class)",
+                                       "beside the class folders (images there have no class)")}
 
 
 def _files(count):
