@@ -157,11 +157,10 @@ def test_a_full_disk_keeps_the_checkpoint_and_the_same_command_ends_as_never_sto
         assert_same_run(run_dir, reference)
 
 
-def test_a_full_disk_while_exporting_is_one_line_and_the_same_command_finishes(
-        tiny, reference, tmp_path):
+def test_a_full_disk_while_exporting_is_one_line_and_the_same_command_finishes(tiny, tmp_path):
     """The disk fills up once trained, as the SavedModel is written (TensorFlow's own write):
     one line, exit status 74 (it was a traceback); once space is freed, the same command
-    writes what the end of the run writes, and the run is the one never stopped."""
+    writes what the end of the run writes, without training again."""
     with tmpfs(tmp_path / "disk", 16 << 20) as disk:
         run_dir = os.path.join(disk, "run")
         filler = os.path.join(disk, "filler")
@@ -173,13 +172,14 @@ def test_a_full_disk_while_exporting_is_one_line_and_the_same_command_finishes(
         assert line.startswith(f"error: cannot write {os.path.join(run_dir, 'saved_model')}")
         assert line.endswith("No space left on device; free space on its disk (or pass another "
                              "--run-dir), then run the same command to continue")
+        trained = open(RunFolder(run_dir).history).read()
         os.remove(filler)
         again = run(command(run_dir, tiny, "--quiet"), tmp_path)
         assert again.returncode == 0, again.stderr[-2000:]
         assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
                                            "saved_model.pb"))
         assert os.path.exists(RunFolder(run_dir).results)
-        assert_same_run(run_dir, reference)
+        assert open(RunFolder(run_dir).history).read() == trained  # no epoch trained again
 
 
 def test_a_stop_for_collapse_keeps_the_backup_it_names(tiny, tmp_path):
@@ -214,10 +214,10 @@ def test_a_closed_standard_output_is_one_warning_and_the_run_goes_on(tiny, tmp_p
     assert os.path.exists(RunFolder(run_dir).results)
 
 
-def test_a_closed_terminal_saves_as_sigterm_does(tiny, reference, tmp_path):
+def test_a_closed_terminal_saves_as_sigterm_does(tiny, tmp_path):
     """A run in a terminal that closes (an ssh session lost): the kernel sends SIGHUP and the
-    terminal takes no more output; the run finishes its step, saves, exits with 129, and the
-    same command ends as the run never stopped, bit for bit."""
+    terminal takes no more output; the run finishes its step, saves and exits with 129 (what
+    follows a save is the same as after SIGTERM: tests/test_train_cli.py)."""
     import fcntl
     import pty
     import select
@@ -245,9 +245,7 @@ def test_a_closed_terminal_saves_as_sigterm_does(tiny, reference, tmp_path):
     assert process.wait(timeout=120) == 128 + signal.SIGHUP, shown.decode()[-2000:]
     newest = json.load(open(os.path.join(run_dir, "backup", "training_metadata.json")))
     assert newest["checkpoints"][0]["epoch"] == 1  # epoch 1's end, or a step of epoch 2
-    resumed = run(command(run_dir, tiny, "--quiet"), tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert_same_run(str(run_dir), reference)
+    assert len(json.load(open(RunFolder(run_dir).history))) == 1  # epoch 2 not finished
 
 
 def test_signals_are_honoured_while_the_input_waits_for_ever(tiny, tmp_path):
