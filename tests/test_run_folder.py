@@ -231,7 +231,8 @@ def test_only_a_folder_holding_nothing_of_value_is_discarded(tmp_path):
 @pytest.mark.parametrize("metadata, reason", [
     ([1, 2], "a JSON list, not an object"),
     ({"checkpoints": {}}, "'checkpoints' is not a list of checkpoints"),
-    ({"checkpoints": [{"epoch": "3", "weights": "a.weights.h5"}]}, "a checkpoint's 'epoch' is '3'"),
+    ({"checkpoints": [{"epoch": "3", "weights": "a.weights.h5"}]},
+     "a checkpoint's 'epoch' is '3'"),
     ({"checkpoints": [{"epoch": 3}]}, "a checkpoint's 'weights' is None"),
     ({"checkpoints": [{"epoch": 3, "weights": "../../etc/x"}]}, "not a file name"),
     ({"checkpoints": [{"epoch": 3, "weights": "a", "metrics": {"loss": "x"}}]},

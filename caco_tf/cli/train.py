@@ -4,9 +4,9 @@
     caco-train --config NAME|PATH.yaml [--set key=value ...] [--run-dir DIR]
     caco-train --list-configs                         # the configurations the package ships
 
-Re-running the same command resumes the run where it stopped.  Ctrl-C and SIGTERM finish the
-step, save and exit with 130 / 143 (SIGHUP, a closed terminal: 129); a failed write to the run folder exits with 74; a setting or
-file to fix with 2 (docs/long-runs.md).
+Re-running the same command resumes the run where it stopped.  Ctrl-C, SIGTERM and SIGHUP (a
+closed terminal) finish the step, save and exit with 130 / 143 / 129; a failed write to the run
+folder exits with 74; a setting or file to fix with 2 (docs/long-runs.md).
 """
 
 import os
