@@ -572,6 +572,11 @@ def tfrecord_source(pattern):
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
         raise DataError(f"no TFRecord files match {pattern}")
+    # A named pipe would block the count below for ever (local paths; gs:// and such have none).
+    irregular = [path for path in files if "://" not in path and not os.path.isfile(path)]
+    if irregular:
+        raise DataError(f"{irregular[0]} matches {pattern} but is not a regular file (a named "
+                        f"pipe, a device, a folder); narrow the pattern or move it away")
     spec = {TFRECORD_IMAGE: tf.io.FixedLenFeature([], tf.string, default_value=""),
             TFRECORD_LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=-1)}
 
