@@ -87,7 +87,13 @@ def build_views(config):
     ``data.extra_layers`` appended to every view."""
     views = _named_views(config)
     extra = config["data"]["extra_layers"]
-    return augment.WithLayers(views, [augment.keras_layer(e) for e in extra]) if extra else views
+    if not extra:
+        return views
+    views = augment.WithLayers(views, [augment.keras_layer(e) for e in extra])
+    recipes = getattr(views, "recipes", None)
+    views.check_shapes(sorted({r.size for r in recipes}) if recipes
+                       else [config["data"]["image_size"]], config["data"]["channels"])
+    return views
 
 
 def _named_views(config):

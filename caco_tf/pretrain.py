@@ -5,6 +5,7 @@ The run folder's files are named in ``caco_tf.training.run_folder``.
 
 import contextlib
 import os
+import shutil
 
 import keras
 import tensorflow as tf
@@ -15,7 +16,7 @@ from caco_tf.build import (build_model, build_views, check_sizes, health_sample,
                            online_probe_classes, precise_bn)
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
-from caco_tf.training import callbacks, distribute, interrupts, peers, precision
+from caco_tf.training import callbacks, distribute, interrupts, peers, precision, run_folder
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
@@ -37,6 +38,14 @@ def is_schedule_setting(name):
     setting = SETTINGS.get(name)
     return name in SCHEDULE_SETTINGS or (setting is not None and name.startswith("method.") and (
         bool(setting.schedule or setting.in_steps) or not setting.passed))
+
+
+# Settings that change what is trained (the method, the networks, the heads, the bank and queues,
+# the images' channels): a resume refuses them, since the checkpoint holds what the old ones
+# built.  By prefix; a method's by the key's end, in whichever section.
+TRAINED_SETTINGS = ("method.name", "model.", "data.channels")
+TRAINED_SUFFIXES = (".bank_size", ".warmup_bank_size", ".queue_size", ".predictor_hidden",
+                    ".predictor", ".num_prototypes", ".out_dim")
 
 
 class TrainingStopped(ConfigError):
@@ -72,14 +81,20 @@ def _run(config, folder, strategy, chief, verbose, stack):
     train, held_out = load_data(config)
     check_sizes(config, len(train), strategy.num_replicas_in_sync)
     probe_classes = online_probe_classes(config, train)
+    views = build_views(config)  # checks the views' shapes: before anything is written
     if chief:  # the settings and data are sound: take the run folder (held until the end)
+        created = not os.path.isdir(run_dir)
         os.makedirs(run_dir, exist_ok=True)
         stack.enter_context(folder.lock())
+        if created:  # a run that fails before its first save leaves no folder behind
+            stack.push(_discard_on_error(folder))
     batch = config["train"]["batch_size"]
     steps_per_epoch = len(train) // batch
     backup = folder.read_backup()
     changes = changes_since_backup(folder, config) if backup else []
     check_plan(config, run_dir, backup, changes, steps_per_epoch)
+    if chief and changes:
+        print(resumed_with(run_dir, backup, changes), flush=True)
 
     def write_config():
         with open(folder.config, "w") as handle:
@@ -89,13 +104,14 @@ def _run(config, folder, strategy, chief, verbose, stack):
         write_config()
         # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
-    views = build_views(config)
     policy, chosen_because = precision.resolve(config["train"]["precision"])
     if chief and chosen_because:
         print(f"precision: {policy} ({chosen_because})", flush=True)
     with _dtype_policy(policy), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
+    if chief:
+        check_space(folder, model)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
     skipped = data.SkippedFiles(list_path=folder.skipped_files if chief else None)
     if chief:
@@ -165,21 +181,60 @@ def _run(config, folder, strategy, chief, verbose, stack):
         return {}
     # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model
     # reads it, and caco-evaluate and caco-export take it instead of the run folder.
-    model.save(folder.model)
-    backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
-    results["saved_model"] = export.export_backbone(
-        backbone, folder.saved_model, config["data"]["image_size"],
-        config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
-    write_json_atomically(folder.results, results, indent=1)
+    writing = folder.model
+    try:
+        model.save(folder.model)
+        backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
+        writing = folder.saved_model
+        results["saved_model"] = export.export_backbone(
+            backbone, folder.saved_model, config["data"]["image_size"],
+            config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
+        writing = folder.results
+        write_json_atomically(folder.results, results, indent=1)
+    except tf.errors.OpError as error:  # TensorFlow's own writes (the SavedModel's variables)
+        raise write_error(error, writing) from None
     return results
 
 
+def check_space(folder, model):
+    """A ``WriteError`` at the start, with the sizes, when the run folder's file system cannot
+    hold what the run will write (``run_folder.space_needed``) beside what it holds."""
+    needed, parts = run_folder.space_needed(model)
+    try:
+        free = shutil.disk_usage(folder.path).free
+    except OSError:
+        return
+    held = run_folder.size_of(folder.backup, folder.checkpoint, folder.model, folder.saved_model)
+    if free + held < needed:
+        raise run_folder.WriteError(
+            f"cannot write {folder.path}: its file system has {_size(free)} free (and "
+            f"{_size(held)} in files the run will replace) but the run's files need about "
+            f"{_size(needed)} ({parts}); free space on its disk (or pass another --run-dir), "
+            f"then run the same command to continue")
+
+
+def _size(count):
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+
+
 def check_plan(config, run_dir, backup, changes, steps_per_epoch):
-    """Refuse, in one line, a resume whose settings change the schedules of the run in
-    progress, unless ``train.on_schedule_change`` is ``rescale`` (then every schedule is
+    """Refuse, in one line, a resume whose settings change what is trained
+    (``TRAINED_SETTINGS``: the method, the networks, the bank), or the schedules of the run in
+    progress unless ``train.on_schedule_change`` is ``rescale`` (then every schedule is
     re-planned over the new length and the run continues at its step: the learning rates and
     the EMA momentum jump to the new plan's values there)."""
-    if backup is None or config["train"]["on_schedule_change"] == "rescale":
+    if backup is None:
+        return
+    trained = [change for change in changes if _changes_what_is_trained(change.split(":")[0])]
+    if trained:
+        raise ConfigError(
+            f"cannot resume {run_dir} at epoch {backup.epoch}: {', '.join(trained)} would change "
+            f"what is trained (its checkpoint holds what the settings it was trained with "
+            f"built); re-run with those settings, or pass another --run-dir to train anew")
+    if config["train"]["on_schedule_change"] == "rescale":
         return
     changed = [change for change in changes if is_schedule_setting(change.split(":")[0])]
     if backup.steps_per_epoch and backup.steps_per_epoch != steps_per_epoch:
@@ -192,6 +247,17 @@ def check_plan(config, run_dir, backup, changes, steps_per_epoch):
             f"of the run over the new length")
 
 
+def _changes_what_is_trained(key):
+    return key.startswith(TRAINED_SETTINGS) or key.endswith(TRAINED_SUFFIXES)
+
+
+def resumed_with(run_dir, backup, changes):
+    """The line a resume with changed settings prints: what changed."""
+    where = (f"epoch {backup.epoch + 1}, step {backup.step}" if backup.step
+             else f"the end of epoch {backup.epoch}")
+    return f"resuming {run_dir} at {where} with changed settings: {', '.join(changes)}"
+
+
 def changes_since_backup(folder, config):
     """The settings that differ from the run folder's ``config.yaml`` when it holds a backup
     (a run to resume), as ``config.changed_settings`` lists them; else [].  A ``config.yaml``
@@ -199,16 +265,41 @@ def changes_since_backup(folder, config):
     folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
     if not (folder.has_backup() and os.path.exists(folder.config)):
         return []
-    with open(folder.config) as handle:
-        return changed_settings(in_use(upgrade_saved_config(yaml.safe_load(handle) or {})),
-                                in_use(config))
+    try:
+        with open(folder.config) as handle:
+            saved = upgrade_saved_config(yaml.safe_load(handle) or {})
+        if not (isinstance(saved, dict) and all(isinstance(v, dict) for k, v in saved.items()
+                                                if k in config and isinstance(config[k], dict))):
+            raise ValueError("not a mapping of settings")
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
+        reason = (error.strerror if isinstance(error, OSError) else
+                  f"not valid YAML: {error.problem} at line {error.problem_mark.line + 1}"
+                  if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark else
+                  "not valid YAML" if isinstance(error, yaml.YAMLError) else str(error))
+        raise ConfigError(
+            f"cannot read {folder.config} ({reason}): it records the settings the checkpoint "
+            f"in {folder.backup} was trained with; restore it, or delete it to resume with "
+            f"this command's settings") from None
+    return changed_settings(in_use(saved), in_use(config))
+
+
+def _discard_on_error(folder):
+    """An exit callback for the ``ExitStack`` that holds the folder's lock (it runs before the
+    lock is released): on an error, the folder this run created is removed if it holds
+    nothing of value (``RunFolder.discard_if_valueless``)."""
+    def on_exit(kind, error, trace):
+        if kind is not None:
+            folder.discard_if_valueless()
+        return False  # the error goes on to the command
+
+    return on_exit
 
 
 def _loggers(folder):
     """What the chief writes every epoch: history, TensorBoard, the weights checkpoint."""
     return [callbacks.HistoryJSON(folder.history),
             keras.callbacks.TensorBoard(folder.tensorboard),
-            callbacks.Checkpoint(folder.checkpoint)]
+            callbacks.Checkpoint(folder.checkpoint, folder)]
 
 
 def _callbacks(resume, loggers, monitor=None, precise=None):

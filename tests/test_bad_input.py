@@ -83,6 +83,11 @@ CASES = [
     ("train", ["--set", "method.caco.warmup_min_steps=100000"], "must end before the run's"),
     ("train", ["--set", "data.views=multicrop", "--set", "method.name=simclr"],
      "multicrop works with method.name caco, swav, dino"),
+    ("train", ["--set", "data.extra_layers=[{layer: Resizing, height: 20, width: 20}]"],
+     "data.extra_layers: Resizing turns a view of 28x28x1 pixels into 20x20x1; the encoder"),
+    ("train", ["--set", "data.views=asymmetric", "--set", "data.extra_layers=["
+               "{layer: RandomContrast, factor: 0.2}, {layer: Dense, units: 4}]"],
+     "data.extra_layers: Dense turns a view of 28x28x1 pixels into 28x28x4"),
     ("train", ["--strategy", "fast"], "argument --strategy: invalid choice"),
     ("evaluate", ["knn"], "--run RUN_DIR is required"),
     ("evaluate", ["knn", "--run", "/no/such"], "no config.yaml in /no/such"),

@@ -238,3 +238,16 @@ def test_a_run_folder_and_a_keras_file_saved_before_the_sections_load(tmp_path, 
         monkeypatch.setattr(keras.models, "load_model", lambda *args, **kwargs: Saved())
         assert build.load_keras_file(str(path)).config["method"]["caco"] == config["method"][
             "caco"]
+
+
+def test_numbers_in_scientific_notation_are_floats(tmp_path):
+    """YAML 1.1 reads 1e-4 (no dot) as a string: a float setting takes it as the number."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train: {weight_decay: 1e-4, learning_rate: 3E-2}\n")
+    config = load_config(str(path), ["method.caco.bank_lr=5e-1"])
+    assert config["train"]["weight_decay"] == 1e-4 and config["train"]["learning_rate"] == 0.03
+    assert load_config(None, ["train.weight_decay=5e-4"])["train"]["weight_decay"] == 5e-4
+    assert isinstance(config["method"]["caco"]["bank_lr"], float) and config["method"]["caco"][
+        "bank_lr"] == 0.5
+    with pytest.raises(ConfigError, match="train.weight_decay must be of type float, got '5e'"):
+        load_config(None, ["train.weight_decay=5e"])

@@ -279,7 +279,7 @@ def test_empty_and_unreadable_folders_are_one_line_errors(tmp_path, monkeypatch)
     def denied(path):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(os, "listdir", denied)
+    monkeypatch.setattr(os, "scandir", denied)
     with pytest.raises(data.DataError, match="cannot read folder .*: Permission denied"):
         data.folder_source(str(tmp_path))
 

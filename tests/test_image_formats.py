@@ -114,12 +114,11 @@ def test_a_photo_folder_is_counted_and_its_other_files_listed(photo_folder, tmp_
     assert len(source) == 2 * (len(every_format()) + 1)
     listing = tmp_path / "skipped_files.txt"
     line = sources.describe_inputs(source, None, str(listing))
-    assert line == (f"images: {len(source)} for training; passed over 3 files of an "
-                    f"unsupported type (.heic, .txt, no extension); files passed over are "
-                    f"listed in {listing}")
-    assert sorted(listing.read_text().splitlines()) == sorted(
+    assert line == (f"images: {len(source)} for training; passed over 2 files of an "
+                    f"unsupported type (.heic, .txt); files passed over are listed in {listing}")
+    assert sorted(listing.read_text().splitlines()) == sorted(  # .DS_Store: hidden, ignored
         f"unsupported type\t{os.path.join(photo_folder, path)}"
-        for path in ("cats/notes.txt", "dogs/.DS_Store", "dogs/phone.heic"))
+        for path in ("cats/notes.txt", "dogs/phone.heic"))
 
 
 def test_evaluation_reads_every_format_and_lists_the_unreadable(photo_folder, tmp_path):
@@ -156,5 +155,104 @@ def test_extraction_reads_tiff_and_warns_of_other_files(photo_folder, capsys):
     read = {os.path.basename(path) for image, _, path in records if image is not None}
     assert read == set(every_format())
     warning = capsys.readouterr().err
-    assert "warning: passed over 2 files of another type than" in warning
+    assert "warning: passed over 1 file of another type than" in warning
     assert "phone.heic" in warning
+
+
+def test_a_named_pipe_named_as_an_image_is_listed_and_never_read(tmp_path, capsys):
+    """A named pipe (any file that is not a regular one) named as an image would block its
+    reader for ever: the listing passes it over, says so and lists it."""
+    folder = tmp_path / "images"
+    (folder / "cats").mkdir(parents=True)
+    (folder / "dogs" / "old").mkdir(parents=True)
+    for name in ("cats/a.png", "dogs/d.png"):
+        (folder / name).write_bytes(every_format()["rgba.png"])
+    os.mkfifo(folder / "cats" / "b.png")
+    os.mkfifo(folder / "dogs" / "old" / "c.jpg")
+    source = sources.folder_source(str(folder))
+    images = [str(folder / "cats" / "a.png"), str(folder / "dogs" / "d.png")]
+    assert list(source.paths) == images
+    listing = tmp_path / "skipped_files.txt"
+    assert sources.describe_inputs(source, None, str(listing)) == (
+        f"images: 2 for training; passed over 2 files named as images but not regular files "
+        f"(named pipes, devices, broken links); files passed over are listed in {listing}")
+    assert listing.read_text().splitlines() == [
+        f"not a regular file\t{folder / 'cats' / 'b.png'}",
+        f"not a regular file\t{folder / 'dogs' / 'old' / 'c.jpg'}"]
+    assert extraction.list_image_files(str(folder)) == images
+    assert "warning: passed over 2 files named as images but not regular files" in (
+        capsys.readouterr().err)
+
+
+def test_hidden_folders_and_files_are_ignored_and_images_beside_class_folders_listed(tmp_path):
+    """Jupyter's empty .ipynb_checkpoints/ beside the images made them a folder of one (empty)
+    class: "no images".  Images beside class folders have no class: listed, not used."""
+    flat = tmp_path / "flat"
+    (flat / ".ipynb_checkpoints").mkdir(parents=True)
+    for name in ("a.png", "b.png", ".hidden.png"):
+        (flat / name).write_bytes(every_format()["rgba.png"])
+    assert list(sources.folder_source(str(flat)).paths) == [str(flat / "a.png"),
+                                                            str(flat / "b.png")]
+    classes = tmp_path / "classes"
+    for name in ("cats/a.png", "dogs/b.png", "stray.png", "README.txt"):
+        (classes / name).parent.mkdir(parents=True, exist_ok=True)
+        (classes / name).write_bytes(every_format()["rgba.png"])
+    source = sources.folder_source(str(classes))
+    assert source.class_names == ("cats", "dogs") and len(source) == 2
+    listing = tmp_path / "skipped_files.txt"
+    assert sources.describe_inputs(source, None, str(listing)) == (
+        f"images: 2 for training; passed over 1 file of an unsupported type (.txt) and 1 file "
+        f"beside the class folders (an image there has no class); files passed over are listed "
+        f"in {listing}")
+    assert sorted(listing.read_text().splitlines()) == [
+        f"outside the class folders\t{classes / 'stray.png'}",
+        f"unsupported type\t{classes / 'README.txt'}"]
+
+
+def test_float_tiffs_decode_to_their_values_or_are_named_unreadable(tmp_path, caplog):
+    """32-bit float TIFFs decoded all black (Pillow clips [0, 1] to 0-1 of 255): [0, 1] and
+    [0, 255] are scaled; another range is unreadable, and named."""
+    gray = picture()[..., 0]
+    folder = tmp_path / "floats"
+    folder.mkdir()
+    Image.fromarray(gray.astype(np.float32) / 255.0, "F").save(folder / "unit.tif")
+    Image.fromarray(gray.astype(np.float32), "F").save(folder / "bytes.tif")
+    Image.fromarray(gray.astype(np.float32) * 300.0, "F").save(folder / "other.tif")
+    for name in ("unit.tif", "bytes.tif"):
+        decoded = images.decode_file_image(tf.constant((folder / name).read_bytes()), 1)
+        np.testing.assert_array_equal(decoded.numpy()[..., 0], gray, err_msg=name)
+    source = sources.folder_source(str(folder))
+    listing = tmp_path / "skipped_files.txt"
+    skipped = pipeline.SkippedFiles(list_path=str(listing))
+    batches = list(pipeline.eval_dataset(source, 8, lambda x: x, image_size=16, channels=1,
+                                         skipped=skipped))
+    assert sum(int(batch.shape[0]) for batch in batches) == 2
+    assert listing.read_text() == f"unreadable\t{folder / 'other.tif'}\n"
+    with caplog.at_level("WARNING"):
+        assert skipped.report() == 1
+    assert f"skipped 1 unreadable image file ({folder / 'other.tif'})" in caplog.text
+
+
+def test_a_file_that_passes_the_check_and_fails_to_decode_is_named(tmp_path, caplog):
+    """A PNG whose signature and end are intact but whose header is not: the per-epoch warning
+    names it and skipped_files.txt lists it (they said "(, ...)" and missed it)."""
+    from caco_tf.data import augment
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    good = every_format()["rgba.png"]
+    for number in range(5):  # 2 batches of 3 need all 6 files: bad.png is met
+        (folder / f"{number}.png").write_bytes(good)
+    (folder / "bad.png").write_bytes(good[:16] + b"\xff" * 40 + good[56:])  # IHDR damaged
+    source = sources.folder_source(str(folder))
+    listing = tmp_path / "skipped_files.txt"
+    skipped = pipeline.SkippedFiles(list_path=str(listing))
+    stream = pipeline.pretrain_dataset(source, 3, augment.AsymmetricViews(16, 3),
+                                       skipped=skipped, steps_per_epoch=2)
+    assert all(view.shape == (3, 16, 16, 3) for batch in stream.take(2) for view in batch)
+    assert listing.read_text() == f"unreadable\t{folder / 'bad.png'}\n"
+    with caplog.at_level("WARNING"):
+        skipped.report("epoch 1")
+    # Met once in the epoch's pass, and maybe again in the next pass read ahead: one name.
+    assert f"unreadable image file{'s' * (skipped.total > 1)} ({folder / 'bad.png'}); the " in (
+        caplog.text)

@@ -270,3 +270,14 @@ def test_the_shipped_configuration_for_own_images(tmp_path):
     assert "kNN top-1: " in result.stdout
     history = yaml.safe_load(open(tmp_path / "run" / "history.json"))
     assert len(history) == 2 and "knn_top1" in history[-1] and "rank_features" in history[-1]
+
+
+def test_a_named_pipe_among_tfrecord_shards_is_one_line(tmp_path):
+    """Counting its records would wait for a writer for ever."""
+    pattern = write_shards(tmp_path / "shards", shards=1)
+    os.mkfifo(tmp_path / "shards" / "train-99999-of-00001")
+    with pytest.raises(data.DataError) as caught:
+        data.load_source(f"tfrecord:{pattern}")
+    assert str(caught.value) == (
+        f"{tmp_path / 'shards' / 'train-99999-of-00001'} matches {pattern} but is not a regular "
+        f"file (a named pipe, a device, a folder); narrow the pattern or move it away")

@@ -18,6 +18,7 @@ turns a ``caco_tf.errors.UserError`` into one ``error: ...`` line and exit statu
 
 import argparse
 import atexit
+import errno
 import os
 import re
 import sys
@@ -95,7 +96,10 @@ def _filter_standard_error():
             pending = parts.pop() if chunk else b""
             for part in parts + ([pending] if not chunk and pending else []):
                 if part and not is_noise(part.decode("utf-8", "replace"), gpu_machine):
-                    os.write(original, part)
+                    try:
+                        os.write(original, part)
+                    except OSError:  # a closed terminal: keep draining, or writers block
+                        pass
             if not chunk:
                 os.close(read_end)
                 return
@@ -112,6 +116,9 @@ def _filter_standard_error():
         thread.join(timeout=2)
 
     atexit.register(restore)
+    from caco_tf.training import interrupts  # no TensorFlow
+
+    interrupts.BEFORE_EXIT.append(restore)
 
 
 def guard(work, cleanup=None):
@@ -129,17 +136,71 @@ def guard(work, cleanup=None):
     except UserError as error:
         if cleanup is not None:
             cleanup()
-        print(f"error: {one_line(error)}", file=sys.stderr)
+        say(f"error: {one_line(error)}")
         return getattr(error, "exit_status", 2)
     except Interrupted as stop:
-        print(one_line(stop), file=sys.stderr)
+        say(one_line(stop))
         return stop.exit_status
     except PeerError as lost:
-        print(f"error: {one_line(lost)}", file=sys.stderr)
+        say(f"error: {one_line(lost)}")
         return lost.exit_status
     except KeyboardInterrupt:  # Ctrl-C outside training (which saves first): nothing to keep
-        print("stopped by SIGINT", file=sys.stderr)
+        say("stopped by SIGINT")
         return 130
+
+
+def say(line):
+    """Print one line on standard error; nothing when it cannot be written (a closed
+    terminal): the exit status still tells."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+class _SurvivingOutput:
+    """Standard output that outlives its reader: ``survive_closed_stdout``."""
+
+    def __init__(self, stream, note):
+        self._stream, self._note, self.lost = stream, note, None
+
+    def write(self, text):
+        if self.lost is None:
+            try:
+                return self._stream.write(text)
+            except OSError as error:
+                self._lose(error)
+        return len(text)
+
+    def flush(self):
+        if self.lost is None:
+            try:
+                self._stream.flush()
+            except OSError as error:
+                self._lose(error)
+
+    def _lose(self, error):
+        if error.errno not in (errno.EPIPE, errno.EIO):
+            raise error
+        self.lost = error
+        try:  # what stays in the buffer, and the interpreter's last flush, go nowhere
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        say(f"warning: standard output was closed ({error.strerror}); {self._note}")
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def survive_closed_stdout(note):
+    """Make a closed standard output (its reader gone: ``| head``, a closed terminal) one
+    warning line on standard error, with ``note`` (what goes on), instead of an error: every
+    later write is dropped."""
+    if sys.stdout is not None and not isinstance(sys.stdout, _SurvivingOutput):
+        sys.stdout = _SurvivingOutput(sys.stdout, note)
 
 
 def one_line(error):

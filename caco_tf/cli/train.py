@@ -4,13 +4,12 @@
     caco-train --config NAME|PATH.yaml [--set key=value ...] [--run-dir DIR]
     caco-train --list-configs                         # the configurations the package ships
 
-Re-running the same command resumes the run where it stopped.  Ctrl-C and SIGTERM finish the
-step, save and exit with 130 / 143; a failed write to the run folder exits with 74; a setting or
-file to fix with 2 (docs/long-runs.md).
+Re-running the same command resumes the run where it stopped.  Ctrl-C, SIGTERM and SIGHUP (a
+closed terminal) finish the step, save and exit with 130 / 143 / 129; a failed write to the run
+folder exits with 74; a setting or file to fix with 2 (docs/long-runs.md).
 """
 
 import os
-import shutil
 import sys
 
 from caco_tf import cli
@@ -51,7 +50,9 @@ def main(argv=None):
     if args.list_configs:
         return list_configs()
     cli.start(["--verbose"] if args.verbose else [])
-    new_folder = []  # the run folder, when this command creates it
+    # A reader that goes away (`| head`, a closed terminal) must not end days of training.
+    cli.survive_closed_stdout("the run goes on; its progress is in the run folder's "
+                              "history.json and tensorboard/")
 
     def work():
         from caco_tf.training.config import load_config
@@ -61,8 +62,6 @@ def main(argv=None):
             assignments.append(f"distribute.strategy={args.strategy}")
         config = load_config(args.config, assignments)
         run_dir = args.run_dir or os.path.join("runs", config["name"])
-        if not os.path.exists(run_dir):
-            new_folder.append(run_dir)
         from caco_tf import pretrain
 
         results = pretrain.run(config, run_dir, verbose=0 if args.quiet else 1)
@@ -72,11 +71,7 @@ def main(argv=None):
                 print(f"kNN top-1: {results['knn_top1']:.1f}%")
         return 0
 
-    def cleanup():  # leave no half-written run folder behind
-        for folder in new_folder:
-            shutil.rmtree(folder, ignore_errors=True)
-
-    return cli.guard(work, cleanup)
+    return cli.guard(work)
 
 
 if __name__ == "__main__":

@@ -559,6 +559,30 @@ class WithLayers:
     def num_views(self):
         return self.views.num_views
 
+    def check_shapes(self, sizes, channels):
+        """A ``ConfigError`` naming the first layer that changes the shape of a view of
+        ``sizes`` × ``sizes`` × ``channels`` pixels (a resize, a dense layer): the encoder
+        takes the views as they are.  Checked symbolically: no layer draws a random number."""
+        import keras
+
+        from caco_tf.errors import ConfigError
+
+        for size in sizes:
+            shape = (size, size, channels)
+            view = keras.Input(shape)
+            for layer in self.layers:
+                try:
+                    view = layer(view, training=True)
+                except Exception:  # noqa: BLE001 — a layer that cannot run symbolically
+                    return         # is checked by its first batch
+                if tuple(view.shape[1:]) != shape:
+                    raise ConfigError(
+                        f"data.extra_layers: {type(layer).__name__} turns a view of "
+                        f"{'x'.join(map(str, shape))} pixels into "
+                        f"{'x'.join(map(str, view.shape[1:]))}; the encoder takes the views as "
+                        f"they are: use layers that keep their shape (set the size with "
+                        f"data.image_size)")
+
     def _extra(self, view):
         mean, std = tf.constant(self.mean, tf.float32), tf.constant(self.std, tf.float32)
         pixels = view * std + mean

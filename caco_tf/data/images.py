@@ -133,7 +133,21 @@ def pillow_rgb(contents):
             pixels = np.asarray(image).astype(np.int64)
             pixels = (pixels >> 8) if pixels.max(initial=0) > 255 else pixels
             return np.repeat(pixels.clip(0, 255).astype(np.uint8)[..., None], 3, -1)
+        if image.mode == "F":  # 32-bit float: Pillow's convert would clip [0, 1] to black
+            return np.repeat(float_to_uint8(np.asarray(image, np.float32))[..., None], 3, -1)
         return np.asarray(image.convert("RGB"))
+
+
+def float_to_uint8(pixels):
+    """Float pixels → uint8: [0, 1] scaled to [0, 255], [0, 255] rounded; any other range (or a
+    NaN) is a ``ValueError``, the file then counted as unreadable: its scale is unknown."""
+    import numpy as np
+
+    low, high = (float(pixels.min(initial=0.0)), float(pixels.max(initial=0.0)))
+    if not (np.isfinite(low) and np.isfinite(high) and low >= 0.0 and high <= 255.0):
+        raise ValueError(f"float pixels from {low} to {high}: not in [0, 1] or [0, 255]")
+    scale = 255.0 if high <= 1.0 else 1.0
+    return np.round(pixels * scale).astype(np.uint8)
 
 
 # A JPEG's EXIF segment (APP1) follows its SOI marker, or JFIF's APP0 segment; its first

@@ -8,8 +8,8 @@ RGB, RGB goes to gray through the luma, an alpha channel is dropped
 Bad input: a corrupt or truncated file is skipped, never crashes a run; ``SkippedFiles``
 counts them and reports once per epoch (count and a few names).  A file is checked cheaply
 before decoding (a known signature and an intact end: JPEG's EOI marker, PNG's IEND chunk,
-GIF's trailer, BMP's and WebP's declared size); anything that still fails to decode is dropped by
-``ignore_errors`` and counted without a name.
+GIF's trailer, BMP's and WebP's declared size); one that still fails to decode is skipped and
+named too (``map_naming_failures``).  Only a record that does not parse is counted unnamed.
 
 Distribution: ``distribute`` builds one pipeline per input pipeline (worker) with the
 ``tf.distribute.InputContext``; each reads its own shard of the images (``Dataset.shard``,
@@ -44,6 +44,7 @@ class SkippedFiles:
         self.total = 0
         self._lock = threading.Lock()
         self._count, self._names, self._listed = 0, [], set()
+        self._more = False  # files since the last report beyond the names shown, or unnamed
 
     def record(self, name):
         """Called from the pipeline (``tf.py_function``) for each skipped file."""
@@ -51,8 +52,11 @@ class SkippedFiles:
         with self._lock:
             self._count += 1
             self.total += 1
-            if len(self._names) < self.examples and name not in self._names:
-                self._names.append(name)
+            if name not in self._names:
+                if len(self._names) < self.examples:
+                    self._names.append(name)
+                else:
+                    self._more = True
             if self.list_path and name not in self._listed:
                 self._listed.add(name)
                 with open(self.list_path, "a") as handle:
@@ -64,19 +68,20 @@ class SkippedFiles:
         with self._lock:
             self._count += count
             self.total += count
+            self._more = True
         return np.int64(0)
 
     def report(self, when="this pass"):
         """Log the files skipped since the last report (if any); return their count."""
         with self._lock:
-            count, names = self._count, self._names
-            self._count, self._names = 0, []
+            count, names, more = self._count, self._names, self._more
+            self._count, self._names, self._more = 0, [], False
         if count:
-            shown = ", ".join(names) + (", ..." if count > len(names) else "")
+            shown = (", ".join(names) + (", ..." if more else "") if names
+                     else "names unknown: records that do not parse")
             listed = f"; the list: {self.list_path}" if self.list_path else ""
             log.warning("%s: skipped %d unreadable image file%s (%s)%s", when, count,
-                        "s" if count != 1 else "", shown or "names unknown: decode errors",
-                        listed)
+                        "s" if count != 1 else "", shown, listed)
         return count
 
     def callback(self):
@@ -146,7 +151,7 @@ def _checker(source, skipped):
 
 def _decoder(source, channels, skipped):
     """(element) → (uint8 image [H, W, channels], ok): read, check and decode, never raising for
-    a bad file (the safety net for what the check misses is ``ignore_errors`` later)."""
+    a bad file it can see (what the check misses raises: ``map_naming_failures``)."""
 
     def decode(item, name):
         contents = source.load(item)
@@ -156,6 +161,22 @@ def _decoder(source, channels, skipped):
         return image, ok
 
     return decode
+
+
+def map_naming_failures(dataset, function, failed):
+    """``dataset.map(function)`` in parallel and in order, where an element whose
+    ``function`` raises (a file that passed ``looks_complete`` and still fails to decode)
+    becomes ``failed(element)``, which records it by name, instead of being dropped unnamed.
+
+    Each element is tried in a dataset of its own (``ignore_errors`` drops it there), followed
+    by its ``failed`` stand-in, of which ``take(1)`` keeps the first: ``failed`` runs only for
+    an element that failed."""
+    def one(*element):
+        tried = tf.data.Dataset.from_tensors(element).map(function).ignore_errors()
+        return tried.concatenate(tf.data.Dataset.from_tensors(element).map(failed)).take(1)
+
+    return dataset.interleave(one, cycle_length=tf.data.AUTOTUNE, block_length=1,
+                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 # ---------------------------------------------------------------------------- pipelines
@@ -305,9 +326,13 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
                 prepared, ok = tf.cond(number < skip_images, check_only, full)
                 return number, ((prepared, label) if with_labels else prepared, ok)
 
-            dataset = items.enumerate().map(prepare_encoded,
-                                            num_parallel_calls=tf.data.AUTOTUNE)
-            dataset = count_gaps(dataset.ignore_errors(), skipped)
+            def failed(number, element):  # the decoding or the views raised
+                item, label = element if with_labels else (element, None)
+                bad = _recorded(skipped, item[1], tf.constant(False))
+                return number, ((empty, label) if with_labels else empty, bad)
+
+            dataset = map_naming_failures(items.enumerate(), prepare_encoded, failed)
+            dataset = count_gaps(dataset, skipped)
             dataset = dataset.filter(_second).map(_first).skip(skip_images)
         else:
             dataset = items.enumerate().skip(skip_images).map(
@@ -364,16 +389,22 @@ def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, ch
         image = resize_and_center_crop(to_unit_float(image)[None], size)[0]
         return index, (image, label, ok)
 
-    dataset = source.ordered().shard(step, first).enumerate().map(
-        prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    numbered = source.ordered().shard(step, first).enumerate()
     if source.encoded:
+        def failed(index, element):  # the decoding raised
+            (_, name), label = element
+            bad = _recorded(skipped, name, tf.constant(False))
+            return index, (tf.zeros([size, size, channels]), label, bad)
+
+        dataset = map_naming_failures(numbered, prepare, failed)
         # A sentinel after the last image makes a dropped last file a gap too.
         count = len(range(first, len(source), step))
         end = tf.data.Dataset.from_tensors((tf.constant(count, tf.int64), (
             tf.zeros([size, size, channels]), tf.constant(-1, tf.int64), tf.constant(False))))
-        dataset = count_gaps(dataset.ignore_errors().concatenate(end), skipped)
+        dataset = count_gaps(dataset.concatenate(end), skipped)
     else:
-        dataset = dataset.map(lambda index, rest: rest)
+        dataset = numbered.map(prepare, num_parallel_calls=tf.data.AUTOTUNE).map(
+            lambda index, rest: rest)
     dataset = dataset.filter(lambda image, label, ok: ok).batch(batch_size)
 
     def finish(image, label, ok):

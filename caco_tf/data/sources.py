@@ -34,7 +34,9 @@ from caco_tf.errors import DataError
 
 MNIST_TRAIN = 4000  # the offline split: permutation(seed 0), first 4,000 train, last 1,000 held out
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-UNSUPPORTED = "unsupported type"  # the reason a listed file is passed over
+UNSUPPORTED = "unsupported type"  # the reasons a listed file is passed over
+NOT_REGULAR = "not a regular file"  # a named pipe, a socket, a device, a broken link
+OUTSIDE_CLASSES = "outside the class folders"  # an image with no class folder, hence no class
 UNREADABLE = "unreadable"         # the reason a file the pipeline met is passed over
 SOURCES = "mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or tfrecord:GLOB"
 # Record sources shuffle through a buffer of this many encoded images (ImageNet's average ~110 kB:
@@ -373,34 +375,81 @@ def split_image_files(paths, passed_over=None):
     return images
 
 
-def _images_under(folder, passed_over=None):
-    found = []
-    for root, dirs, files in os.walk(folder, onerror=_raise_unreadable):
-        dirs.sort()
-        found += split_image_files([os.path.join(root, f) for f in sorted(files)], passed_over)
+def image_entries(entries, passed_over=None):
+    """The paths of the image files among ``entries`` (``os.DirEntry``, not folders): named as
+    images and regular files (a named pipe would block its reader for ever, a device read
+    without end); the others are appended to ``passed_over`` as (path, reason)."""
+    images = []
+    for entry in entries:
+        if not is_image_name(entry.name):
+            reason = UNSUPPORTED
+        elif not _is_regular(entry):
+            reason = NOT_REGULAR
+        else:
+            images.append(entry.path)
+            continue
+        if passed_over is not None:
+            passed_over.append((entry.path, reason))
+    return images
+
+
+def _is_regular(entry):
+    try:
+        return entry.is_file()  # follows links; from the folder's listing, without a stat
+    except OSError:
+        return False
+
+
+def _is_folder(entry):
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _entries(path, on_error):
+    """(files, folders) in folder ``path``, each sorted by name (``os.DirEntry`` objects);
+    hidden ones (a name starting with '.': ``.ipynb_checkpoints/``, ``.DS_Store``) are left
+    out, as the tools that make them mean."""
+    try:
+        with os.scandir(path) as scan:
+            entries = sorted((entry for entry in scan if not entry.name.startswith(".")),
+                             key=lambda entry: entry.name)
+    except OSError as error:
+        on_error(error)
+    folders = [entry for entry in entries if _is_folder(entry)]
+    return [entry for entry in entries if not _is_folder(entry)], folders
+
+
+def images_under(folder, passed_over=None, on_error=None):
+    """Image files under ``folder``, in a stable order: its own files, then its sub-folders'
+    (sorted; links to folders are not followed); ``passed_over`` as ``image_entries``."""
+    files, folders = _entries(folder, on_error or _raise_unreadable)
+    found = image_entries(files, passed_over)
+    for sub in folders:
+        if not sub.is_symlink():
+            found += images_under(sub.path, passed_over, on_error)
     return found
 
 
 def _list_folder(path):
+    """(files, folders) of the folder at ``path`` (``_entries``), or a ``DataError``."""
     if not os.path.exists(path):
         raise DataError(f"data path not found: {path}")
     if not os.path.isdir(path):
         raise DataError(f"not a folder: {path}")
-    try:
-        return sorted(os.listdir(path))
-    except OSError as error:
-        raise DataError(f"cannot read folder {path}: {error.strerror}") from None
+    return _entries(path, _raise_unreadable)
 
 
 def split_folders(path):
     """(train folder, held-out folder or None) when ``path`` is laid out as ImageNet's
     (``train/`` and ``val/``, ``validation/`` or ``test/``, each of class sub-folders), else
     None."""
-    entries = _list_folder(path)
-    folders = [e for e in entries if os.path.isdir(os.path.join(path, e))]
+    files, folders = _list_folder(path)
+    folders = [entry.name for entry in folders]
     if "train" not in folders or not set(folders) <= set(SPLIT_FOLDERS):
         return None
-    if any(is_image_name(e) for e in entries):
+    if any(is_image_name(entry.name) for entry in files):
         return None  # images beside the folders: a flat, unlabelled folder after all
     held_out = next((f for f in HELD_OUT_FOLDERS if f in folders), None)
     return os.path.join(path, "train"), held_out and os.path.join(path, held_out)
@@ -412,11 +461,13 @@ def folder_source(path, class_names=None):
     ``class_names``: the training classes a held-out folder is labelled by (its sub-folders
     must be among them); by default the sub-folders, sorted, are the classes 0, 1, 2, ...
     """
-    entries = _list_folder(path)
-    classes = [e for e in entries if os.path.isdir(os.path.join(path, e))]
+    files, folders = _list_folder(path)
+    classes = [entry.name for entry in folders]
     passed_over = []
     if classes:
-        per_class = [_images_under(os.path.join(path, c), passed_over) for c in classes]
+        # Files beside the class folders have no class: listed, not used.
+        passed_over += [(image, OUTSIDE_CLASSES) for image in image_entries(files, passed_over)]
+        per_class = [images_under(entry.path, passed_over) for entry in folders]
         classes = [c for c, files in zip(classes, per_class) if files]
         per_class = [files for files in per_class if files]
         paths = [p for files in per_class for p in files]
@@ -434,12 +485,11 @@ def folder_source(path, class_names=None):
         labels = np.concatenate([np.full(len(files), i, np.int64)
                                  for i, files in zip(ids, per_class)]) if paths else None
     else:
-        paths = split_image_files([os.path.join(path, e) for e in entries
-                                   if not os.path.isdir(os.path.join(path, e))], passed_over)
+        paths = image_entries(files, passed_over)
         labels = None
     if not paths:
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {path}"
-                        f"{f' ({len(passed_over)} files of other types)' if passed_over else ''}")
+                        f"{f' ({len(passed_over)} other files)' if passed_over else ''}")
     source = FileSource(np.asarray(paths), labels, tuple(classes), name=path)
     source.passed_over = passed_over
     return source
@@ -522,6 +572,11 @@ def tfrecord_source(pattern):
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
         raise DataError(f"no TFRecord files match {pattern}")
+    # A named pipe would block the count below for ever (local paths; gs:// and such have none).
+    irregular = [path for path in files if "://" not in path and not os.path.isfile(path)]
+    if irregular:
+        raise DataError(f"{irregular[0]} matches {pattern} but is not a regular file (a named "
+                        f"pipe, a device, a folder); narrow the pattern or move it away")
     spec = {TFRECORD_IMAGE: tf.io.FixedLenFeature([], tf.string, default_value=""),
             TFRECORD_LABEL: tf.io.FixedLenFeature([], tf.int64, default_value=-1)}
 
@@ -833,11 +888,29 @@ def describe_inputs(train, held_out=None, list_path=None):
         with open(list_path, "w") as handle:
             handle.writelines(f"{reason}\t{path}\n" for path, reason in skipped)
     if skipped:
-        line += (f"; passed over {len(skipped):,} file{'s' * (len(skipped) > 1)} of an "
-                 f"unsupported type ({', '.join(sorted({_extension(p) for p, _ in skipped}))})")
+        unsupported = [path for path, reason in skipped if reason == UNSUPPORTED]
+        parts = [f"{_files(len(unsupported))} of an unsupported type "
+                 f"({', '.join(sorted({_extension(p) for p in unsupported}))})"] * bool(unsupported)
+        for reason, words in PASSED_OVER_WORDS.items():
+            count = sum(1 for _, why in skipped if why == reason)
+            if count:
+                parts.append(f"{_files(count)} {words[count > 1]}")
+        line += f"; passed over {' and '.join(parts)}"
     if list_path is not None and (skipped or train.encoded):
         line += f"; files passed over are listed in {list_path}"
     return line
+
+
+# How the inputs line says each reason but UNSUPPORTED (which names the extensions).
+PASSED_OVER_WORDS = {NOT_REGULAR: ("named as an image but not a regular file (a named pipe, a "
+                                   "device, a broken link)", "named as images but not regular "
+                                   "files (named pipes, devices, broken links)"),
+                     OUTSIDE_CLASSES: ("beside the class folders (an image there has no class)",
+                                       "beside the class folders (images there have no class)")}
+
+
+def _files(count):
+    return f"{count:,} file{'s' * (count > 1)}"
 
 
 def _extension(path):

@@ -19,7 +19,6 @@ The model is rebuilt from the run's ``config.yaml`` and ``checkpoints/last.weigh
 images are the run's own training and held-out splits.
 """
 
-import json
 import math
 import os
 
@@ -32,6 +31,8 @@ from caco_tf import losses
 from caco_tf.build import load_run, method_settings
 from caco_tf.methods import CaCo
 from caco_tf.evaluation import knn, linear, protocols
+from caco_tf.errors import DataError
+from caco_tf.training import run_folder
 from caco_tf.training.run_folder import RunFolder
 
 MONITOR_KEY = "knn_top1"  # what evaluation.monitor.KNNMonitor writes into the logs
@@ -41,10 +42,11 @@ MONITOR_KEY = "knn_top1"  # what evaluation.monitor.KNNMonitor writes into the l
 def read_history(run_dir):
     """history.json: one dict of metrics per finished epoch ([] if absent)."""
     path = RunFolder(run_dir).history
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        return json.load(handle)
+    try:
+        return run_folder.read_history(path)
+    except ValueError as error:
+        raise DataError(f"cannot read {path}: {error}; restore it, or move it away to draw "
+                        f"the figures without it") from None
 
 
 def plot_prob_acc(history, path, warmup_epochs=0, title="CaCo pre-training",

@@ -32,7 +32,7 @@ import tensorflow as tf
 from numpy.lib.format import open_memmap
 
 from caco_tf.data import images as image_ops
-from caco_tf.data.sources import IMAGE_EXTENSIONS, split_image_files
+from caco_tf.data.sources import IMAGE_EXTENSIONS, NOT_REGULAR, UNSUPPORTED, images_under
 from caco_tf.errors import ExtractionError
 
 
@@ -85,20 +85,20 @@ def list_image_files(folder):
     def fail(error):
         raise ExtractionError(f"cannot read {error.filename}: {error.strerror}")
 
-    files, passed_over = [], []
-    for root, folders, names in os.walk(folder, onerror=fail):
-        folders.sort()
-        files += split_image_files([os.path.join(root, name) for name in sorted(names)],
-                                   passed_over)
+    passed_over = []
+    files = images_under(folder, passed_over, on_error=fail)
     if not files:
         others = (f" ({len(passed_over)} file{'s' * (len(passed_over) > 1)} of another type)"
                   if passed_over else "")
         raise ExtractionError(f"no images ({' '.join(IMAGE_EXTENSIONS)}) under {folder}{others}")
-    if passed_over:
-        print(f"warning: passed over {len(passed_over)} file{'s' * (len(passed_over) > 1)} "
-              f"of another type than {' '.join(IMAGE_EXTENSIONS)} under {folder} ("
-              f"{', '.join(path for path, _ in passed_over[:3])}"
-              f"{', ...' if len(passed_over) > 3 else ''})", file=sys.stderr)
+    for reason, what in ((UNSUPPORTED, f"of another type than {' '.join(IMAGE_EXTENSIONS)}"),
+                         (NOT_REGULAR, "named as images but not regular files (named pipes, "
+                                       "devices, broken links)")):
+        paths = [path for path, why in passed_over if why == reason]
+        if paths:
+            print(f"warning: passed over {len(paths)} file{'s' * (len(paths) > 1)} {what} "
+                  f"under {folder} ({', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''})",
+                  file=sys.stderr)
     return files
 
 

@@ -3,7 +3,6 @@
 The kNN monitor is an evaluation, in ``caco_tf.evaluation.monitor``.
 """
 
-import json
 import logging
 import os
 import signal
@@ -17,25 +16,35 @@ from caco_tf import __version__, health
 from caco_tf.nets import layers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
-from caco_tf.training.run_folder import (RunFolder, save_weights_atomically,
-                                         write_json_atomically)
+from caco_tf.training.run_folder import (RunFolder, link_atomically, read_history,
+                                         save_weights_atomically, write_json_atomically)
 
 
 class HistoryJSON(keras.callbacks.Callback):
     """Writes every finished epoch's logs to a JSON list, surviving resumes.
 
-    Keyed by epoch, so an epoch redone after a kill replaces its earlier partial record.
+    Keyed by epoch, so an epoch redone after a kill replaces its earlier partial record.  A
+    damaged file (cut, edited by hand) is moved aside with one warning line, and a new one
+    started: it is the run's log, not its state, and must not stop the run.
     """
 
     def __init__(self, path):
         super().__init__()
         self.path = path
 
+    def on_train_begin(self, logs=None):
+        self._load()  # a damaged file is moved aside before the first epoch, not after it
+
     def _load(self):
-        if not os.path.exists(self.path):
+        try:
+            return {row["epoch"]: row for row in read_history(self.path)}
+        except ValueError as error:
+            aside = f"{self.path}.damaged"
+            os.replace(self.path, aside)
+            logging.getLogger("caco_tf").warning(
+                "warning: %s is damaged (%s): moved to %s; the history goes on from the next "
+                "epoch (the earlier epochs' figures are in TensorBoard)", self.path, error, aside)
             return {}
-        with open(self.path) as handle:
-            return {row["epoch"]: row for row in json.load(handle)}
 
     def on_epoch_end(self, epoch, logs=None):
         history = self._load()
@@ -146,6 +155,8 @@ class Resume(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not logs:
             return  # a step passed over by a resume
+        if self.signals is not None:
+            self.signals.step_ended()
         done = batch + 1
         stop = self._signalled()
         due = self.every is not None and time.monotonic() - self._saved_at >= self.every
@@ -201,15 +212,24 @@ class Resume(keras.callbacks.Callback):
 
 class Checkpoint(keras.callbacks.Callback):
     """The weights after every epoch, except after an unhealthy one, written atomically
-    (``run_folder.save_weights_atomically``)."""
+    (``run_folder.save_weights_atomically``).
 
-    def __init__(self, path):
+    ``folder``: the ``RunFolder`` whose resume checkpoint of the same epoch's end, when
+    ``Resume`` has just written it, the checkpoint becomes a hard link of: the same bytes
+    (``weights_bytes``), written once an epoch instead of twice."""
+
+    def __init__(self, path, folder=None):
         super().__init__()
-        self.path = path
+        self.path, self.folder = path, folder
 
     def on_epoch_end(self, epoch, logs=None):
-        if not getattr(self.model, "unhealthy", None):
-            save_weights_atomically(self.model, self.path)
+        if getattr(self.model, "unhealthy", None):
+            return
+        newest = self.folder.newest if self.folder is not None else None
+        if newest and newest[:2] == (epoch + 1, 0) and os.path.exists(newest[2]):
+            if link_atomically(newest[2], self.path):
+                return
+        save_weights_atomically(self.model, self.path)
 
 
 class ProgressBar(keras.callbacks.ProgbarLogger):

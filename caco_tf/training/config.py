@@ -15,6 +15,7 @@ import collections
 import copy
 import functools
 import os
+import re
 
 import yaml
 
@@ -27,6 +28,9 @@ __all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "Setting", "changed_settings",
 STRATEGIES = ("auto", "default", "mirrored", "multiworker")
 
 
+SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _check_type(name, value):
     setting = _tables().settings[name]
     expected = setting.type
@@ -36,6 +40,8 @@ def _check_type(name, value):
         return value  # a schedule of the step, checked by the setting's rule
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if expected is float and isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
+        return float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
     if expected is bool and not isinstance(value, bool):
         raise ConfigError(f"{name} must be true or false, got {value!r}")
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import zlib
 
@@ -42,6 +43,9 @@ log = logging.getLogger("caco_tf")
 
 METADATA = "training_metadata.json"
 KEPT = 2  # resume checkpoints kept: the newest and the one before it
+# What a run writes before its first step, which the next launch writes again: a run folder
+# holding nothing else holds nothing of value (``RunFolder.discard_if_valueless``).
+SET_UP_FILES = (".lock", "config.yaml", "skipped_files.txt")
 
 
 class RunFolderError(UserError):
@@ -65,6 +69,7 @@ class RunFolder:
 
     def __init__(self, path):
         self.path = str(path)
+        self.newest = None  # (epoch, step, file) of the last resume checkpoint written here
 
     def _join(self, *parts):
         return os.path.join(self.path, *parts)
@@ -131,6 +136,21 @@ class RunFolder:
         however it ends); a ``RunFolderError`` naming the holder if another process has it."""
         return RunLock(self.lock_path, self.path)
 
+    def discard_if_valueless(self):
+        """Remove the run folder if it holds only ``SET_UP_FILES`` (and empty folders), as a
+        run that failed before its first save leaves it; returns whether it did.
+
+        Call it holding the folder's lock (``lock``): a folder another process holds, or
+        one with a checkpoint, a history or any file of the user's, is never removed."""
+        try:
+            for root, _, files in os.walk(self.path, onerror=_raise):
+                if any(root != self.path or name not in SET_UP_FILES for name in files):
+                    return False
+        except OSError:
+            return False
+        shutil.rmtree(self.path, ignore_errors=True)
+        return not os.path.exists(self.path)
+
     # ------------------------------------------------------------------ resume state
     def read_backup(self):
         """The newest intact resume point, or None when there is none.
@@ -171,14 +191,29 @@ class RunFolder:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as error:
-            raise RunFolderError(f"cannot read {path}: {error}; move {self.backup} away to "
-                                 f"start the run again") from error
-        if "checkpoints" in metadata:
-            return metadata["checkpoints"]
-        # One checkpoint, no checksum: this library's first layout, or Keras' own.
-        return [{"epoch": metadata["epoch"], "step": 0,
-                 "weights": metadata.get("weights", "latest.weights.h5"),
-                 "steps_per_epoch": metadata.get("steps_per_epoch")}]
+            raise self._damaged_metadata(path, error) from error
+        try:
+            if not isinstance(metadata, dict):
+                raise ValueError(f"a JSON {type(metadata).__name__}, not an object")
+            if "checkpoints" in metadata:
+                entries = metadata["checkpoints"]
+                if not isinstance(entries, list) or not entries:
+                    raise ValueError("'checkpoints' is not a list of checkpoints")
+            else:  # one checkpoint, no checksum: this library's first layout, or Keras' own
+                entries = [{"epoch": metadata["epoch"], "step": 0,
+                            "weights": metadata.get("weights", "latest.weights.h5"),
+                            "steps_per_epoch": metadata.get("steps_per_epoch")}]
+            for entry in entries:
+                _check_entry(entry)
+        except (KeyError, TypeError, ValueError) as error:
+            reason = f"no {error}" if isinstance(error, KeyError) else str(error)
+            raise self._damaged_metadata(path, reason) from None
+        return entries
+
+    def _damaged_metadata(self, path, reason):
+        return RunFolderError(
+            f"cannot read {path}: {reason}; it says which checkpoint of {self.backup} to resume "
+            f"from: restore it, or move {self.backup} away to start the run again")
 
     def _damage(self, entry):
         """Why a recorded checkpoint cannot be used, or None."""
@@ -219,6 +254,7 @@ class RunFolder:
             _remove_quietly(partial)
             raise WriteError(_write_message(*_failure(error, final),
                                             self._describe_newest())) from error
+        self.newest = (int(epoch), int(step), final)
         kept = {e["weights"] for e in entries}
         for old in os.listdir(self.backup):
             if old.endswith((".weights.h5", ".bkp")) and old not in kept:
@@ -234,6 +270,51 @@ class RunFolder:
         return (f"the previous checkpoint (epoch {point.epoch + 1}, step {point.step}) is "
                 f"intact") if point.step else (
             f"the previous checkpoint (after epoch {point.epoch}) is intact")
+
+
+def read_history(path):
+    """The rows of a ``history.json`` (one object with an ``epoch`` number per finished epoch;
+    [] when there is none); a ``ValueError`` saying what is wrong with a damaged one."""
+    try:
+        with open(path) as handle:
+            rows = json.load(handle)
+    except FileNotFoundError:
+        return []
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not text ({error.reason})") from None
+    except ValueError as error:  # cut by a crash, or edited by hand
+        raise ValueError(f"not valid JSON ({error})") from None
+    if not isinstance(rows, list) or not all(
+            isinstance(row, dict) and isinstance(row.get("epoch"), int) for row in rows):
+        raise ValueError("not a list of epochs, each an object with its 'epoch' number")
+    return rows
+
+
+# What each field of a checkpoint's entry in training_metadata.json holds (None: may be absent).
+_ENTRY_FIELDS = {"epoch": int, "step": (int, None), "iterations": (int, None),
+                 "weights": str, "steps_per_epoch": (int, None), "bytes": (int, None),
+                 "crc32": (int, None), "metrics": (dict, None), "version": (str, None)}
+
+
+def _check_entry(entry):
+    """A ``ValueError`` saying what is wrong with one checkpoint's entry, if anything."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a checkpoint's entry is a JSON {type(entry).__name__}, not an object")
+    for field, kinds in _ENTRY_FIELDS.items():
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        value = entry.get(field)
+        if value is None and None in kinds:
+            continue
+        types = tuple(kind for kind in kinds if kind is not None)
+        if not isinstance(value, types) or isinstance(value, bool) or (
+                isinstance(value, int) and value < 0):
+            raise ValueError(f"a checkpoint's {field!r} is {value!r}")
+    if os.path.basename(entry["weights"]) != entry["weights"] or entry["weights"] in ("", ".."):
+        raise ValueError(f"a checkpoint's 'weights' is {entry['weights']!r}, not a file name")
+    for name, values in (entry.get("metrics") or {}).items():
+        if not (isinstance(values, list) and all(isinstance(v, (int, float, list))
+                                                 for v in values)):
+            raise ValueError(f"a checkpoint's metric {name!r} is {values!r}")
 
 
 def write_error(error, path):
@@ -269,9 +350,56 @@ def is_write_failure(error):
 
 
 def _errno_in(error):
-    """The errno that h5py and TensorFlow write into their messages ("errno = 28"), or None."""
+    """The errno that h5py and TensorFlow write into their messages ("errno = 28", or its
+    words: "No space left on device"), or None."""
     found = re.search(r"errno = (\d+)", str(error))
-    return int(found.group(1)) if found else None
+    if found:
+        return int(found.group(1))
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO):
+        if os.strerror(code) in str(error):
+            return code
+    return None
+
+
+def space_needed(model):
+    """(bytes, what they are) that a run of ``model`` writes at most at once into its folder:
+    the resume checkpoints (newest, previous, and one being written), the weights checkpoint,
+    ``model.keras`` and the SavedModel, estimated from the variables' sizes."""
+    def size(variables):
+        return sum(_bytes_of(variable) for variable in variables)
+
+    arrays = list(model.weights) + list(model.optimizer.variables)
+    if not getattr(model.optimizer, "built", True):
+        arrays += list(model.trainable_weights)  # its momentum, made at its first step
+    state = size(arrays) + 1024 * len(arrays) + (64 << 10)  # and the file's own structure
+    encoders = [getattr(model, name, None) for name in ("backbone", "query_encoder")]
+    exported = sum(size(e.weights) for e in encoders if e is not None) + (2 << 20)  # + graphs
+    checkpoints = (KEPT + 1) * state
+    return (checkpoints + state + state + exported,
+            f"resume checkpoints {KEPT + 1} x {state / 2**20:.1f} MiB, the weights checkpoint "
+            f"and model.keras {state / 2**20:.1f} MiB each, the SavedModel "
+            f"{exported / 2**20:.1f} MiB")
+
+
+def _bytes_of(variable):
+    import tensorflow as tf
+
+    count = 1
+    for dimension in variable.shape:
+        count *= int(dimension)
+    return count * tf.dtypes.as_dtype(variable.dtype).size
+
+
+def size_of(*paths):
+    """Bytes in the files at ``paths`` (folders: every file under them; missing: 0)."""
+    total = 0
+    for path in paths:
+        if os.path.isfile(path):
+            total += os.path.getsize(path)
+        for root, _, files in os.walk(path):
+            total += sum(os.path.getsize(os.path.join(root, name)) for name in files
+                         if os.path.isfile(os.path.join(root, name)))
+    return total
 
 
 class RunLock:
@@ -280,9 +408,28 @@ class RunLock:
     left by a dead process never blocks a relaunch."""
 
     def __init__(self, path, folder):
+        self.path, self.handle = path, None
+        while True:
+            handle = self._take(path, folder)
+            # A holder that removed the folder (a run that failed before its first save) may
+            # have released the lock of a file that no longer has this name: take the new one.
+            try:
+                if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            handle.close()
+        handle.seek(0)
+        handle.truncate()
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(),
+                   "started": datetime.datetime.now().isoformat(timespec="seconds")}, handle)
+        handle.flush()
+        self.handle = handle
+
+    @staticmethod
+    def _take(path, folder):
         import fcntl
 
-        self.path, self.handle = path, None
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a+")
         try:
@@ -300,12 +447,7 @@ class RunLock:
                 f"{folder} is in use by process {holder.get('pid', '?')} on "
                 f"{holder.get('host', '?')} (since {holder.get('started', '?')}): wait for it "
                 f"to end or stop it, or pass another --run-dir") from None
-        handle.seek(0)
-        handle.truncate()
-        json.dump({"host": socket.gethostname(), "pid": os.getpid(),
-                   "started": datetime.datetime.now().isoformat(timespec="seconds")}, handle)
-        handle.flush()
-        self.handle = handle
+        return handle
 
     def release(self):
         if self.handle is not None:
@@ -364,6 +506,25 @@ def save_weights_atomically(model, path):
     _flush_folder(os.path.dirname(path))
 
 
+def link_atomically(source, path):
+    """``path`` made a hard link of the finished file ``source`` (the same bytes, written
+    once), replacing what had the name at once; False where the file system has no hard
+    links."""
+    partial = os.path.join(os.path.dirname(path), ".partial." + os.path.basename(path))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _remove_quietly(partial)
+        os.link(source, partial)
+        os.replace(partial, path)
+    except OSError as error:
+        _remove_quietly(partial)
+        if error.errno in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS):
+            return False
+        raise
+    _flush_folder(os.path.dirname(path))
+    return True
+
+
 def _write_synced(path, contents):
     with open(path, "wb") as handle:
         handle.write(contents)
@@ -408,6 +569,10 @@ def _flush_folder(path):
         pass  # some file systems cannot sync a folder; the rename is still atomic
     finally:
         os.close(descriptor)
+
+
+def _raise(error):
+    raise error
 
 
 def _remove_quietly(path):
