@@ -27,8 +27,8 @@ def tiny(tmp_path_factory):
     images, labels = load_offline_mnist()["train"]
     path = tmp_path_factory.mktemp("data") / "digits.npz"
     np.savez(path, images=images[:128], labels=labels[:128])
-    settings = [f"data.source=npz:{path}", "train.epochs=2", "method.warmup_epochs=1",
-                "train.batch_size=32", "method.bank_size=64", "model.projector_hidden=32",
+    settings = [f"data.source=npz:{path}", "train.epochs=2", "method.caco.warmup_epochs=1",
+                "train.batch_size=32", "method.caco.bank_size=64", "model.projector_hidden=32",
                 "model.embedding_dim=16", "model.widths=[8,8,8,8]", "train.jit_compile=false",
                 "train.steps_per_execution=1", "evaluation.knn_monitor_every=0",
                 "evaluation.health_images=0"]
