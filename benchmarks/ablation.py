@@ -40,7 +40,7 @@ from caco_tf.training.config import METHODS, ConfigError, load_config  # noqa: E
 
 # Table order: the paper's four ablation rows, then the two baselines.
 SETTINGS = ("none", "positive", "negative", "caco", "moco_v2", "simclr")
-assert set(SETTINGS) == set(METHODS)
+assert set(SETTINGS) <= set(METHODS)
 NAMES = {"none": "None", "positive": "Positive (NNCLR-like)", "negative": "Negative (AdCo-like)",
          "caco": "Positive+Negative (CaCo)", "moco_v2": "MoCo v2", "simclr": "SimCLR"}
 SOURCES = {  # where a query's positive and negatives come from (caco_tf.methods)
@@ -118,14 +118,28 @@ def budget(args):
                                # The kNN monitor logs held-out accuracy during training: off,
                                # it costs time and nothing here reads it.
                                "evaluation.knn_monitor_every=0"]
-    if not args.own_warmup:
-        # Budgets counted fairly: every setting runs the same MoCo-style warm-up pass first
-        # (None and SimCLR too), then its own loss, so all make the same encoder updates from
-        # the same starting point, and the comparison is of the losses alone.
-        shared.append("method.warmup_every_method=true")
-    warmup = config["method"]["warmup_epochs"]
+    caco = config["method"]["caco"]
+    warmup = caco["warmup_epochs"]
     if warmup >= epochs:  # only for tiny validation budgets: keep one epoch after the warm-up
-        shared.append(f"method.warmup_epochs={epochs - 1}")
+        warmup = epochs - 1
+        shared.append(f"method.caco.warmup_epochs={warmup}")
+    # The ablation rows (none, positive, negative) read CaCo's settings; MoCo v2 and SimCLR get
+    # the same: τ, bank size, key momentum, and (unless --own-warmup) the same MoCo-style
+    # warm-up pass first, so that all make the same encoder updates from the same starting
+    # point and the comparison is of the losses alone.
+    momentum = f"{{start: {caco['key_momentum']}, end: 1.0, shape: cosine}}"
+    shared += [f"method.moco_v2.temperature={caco['temperature']}",
+               f"method.moco_v2.bank_size={caco['bank_size']}",
+               f"method.moco_v2.key_momentum={momentum}",
+               f"method.simclr.temperature={caco['temperature']}"]
+    own = ["moco_v2"] if args.own_warmup else ["moco_v2", "simclr"]
+    for method in own:
+        shared += [f"method.{method}.warmup_epochs={warmup}"] + [
+            f"method.{method}.{key}={caco[key]}" for key in
+            ("warmup_min_steps", "warmup_temperature", "resync_after_warmup")]
+    if not args.own_warmup:
+        shared += [f"method.simclr.warmup_bank_size={caco['bank_size']}",
+                   f"method.simclr.warmup_key_momentum={caco['key_momentum']}"]
     resolved = load_config(args.config, shared)  # fails here, once, on a bad override
     with open(args.config, "rb") as handle:
         digest = hashlib.sha1(handle.read() + json.dumps(
@@ -338,7 +352,7 @@ def write_report(args, cache, resolved, tag, path):
                    ("--no-linear" if args.no_linear else "caco_tf/linear.py is missing") + ").")
     times = [e["train_seconds"] for e in cache["runs"].values()
              if "train_seconds" in e and not e.get("resumed")]
-    train, caco = resolved["train"], resolved["method"]
+    train, caco = resolved["train"], resolved["method"]["caco"]
     # The command that trains these runs: --report-only only rewrites this file.
     command = " ".join(["python", "benchmarks/ablation.py"]
                        + [arg for arg in sys.argv[1:] if arg != "--report-only"])
@@ -356,7 +370,7 @@ def write_report(args, cache, resolved, tag, path):
         f"{caco['warmup_epochs']} (the MoCo-style pass that fills the bank; "
         + ("the same pass for every setting, None and SimCLR too, so that all make the same "
            "encoder updates from the same starting point and differ only in their own loss "
-           "over the remaining epochs" if caco["warmup_every_method"] else
+           "over the remaining epochs" if not args.own_warmup else
            "settings without a bank, None and SimCLR, train with their own loss from the "
            "first step") + ")"
         + (f", overrides {', '.join(args.set)}" if args.set else "") + ". "

@@ -137,7 +137,7 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
     projector = backbones.build_mlp(
         backbone.output_shape[-1], model_config["projector_hidden"],
         model_config["embedding_dim"], sync_batchnorm=sync, name="projector",
-        **method.PROJECTOR)
+        **method.projector_shape(method_settings(config)))
     total_steps = train["epochs"] * steps_per_epoch
     model = method(
         backbone, projector, **method_arguments(config, steps_per_epoch, total_steps),

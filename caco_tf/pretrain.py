@@ -128,7 +128,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
         steps_per_epoch=steps_per_epoch))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
-        health_sample(config, views, train), steps_per_epoch * batch,
+        health_sample(config, views, train), steps_per_epoch, batch,
         stop_on_collapse=config["train"]["stop_on_collapse"])
     # SIGTERM and SIGINT during training: finish the step, save, stop (after it, during the
     # evaluation and export, they stop the process at once: a re-run redoes only those).

@@ -312,3 +312,31 @@ def test_the_phases_split_at_the_warmup_and_where_a_head_thaws():
         tiny("dino", warmup_steps=3)
     with pytest.raises(ValueError, match="method 'byol' takes two views"):
         fit_once(tiny("byol"), views(local_crops=1))
+
+
+# ---------------------------------------------------------------------- known failures
+FAILURES = {  # a setting that provokes each method's known failure, and what the monitor says
+    "simsiam": (dict(predictor=False), "the unit projections' spread is"),
+    "swav": (dict(epsilon=1.0, freeze_prototypes_steps=0), "the loss stays at"),
+    "dino": (dict(teacher_temperature=10.0, freeze_last_layer_steps=0),
+             "the teacher's output is uniform"),
+}
+
+
+@pytest.mark.parametrize("method", list(FAILURES))
+def test_the_health_monitor_names_each_methods_known_failure(method, caplog):
+    """SimSiam without its predictor collapses, SwAV's loss stalls at ln K with codes near
+    uniform (a large ε), DINO's teacher goes uniform above τ_t ≈ 0.07: each warns in one
+    line with what to change."""
+    from caco_tf.training import callbacks
+
+    arguments, words = FAILURES[method]
+    model = tiny(method, **arguments)
+    batches = [views(seed) for seed in range(4)]
+    dataset = tf.data.Dataset.from_tensor_slices(tuple(
+        np.stack([batch[crop] for batch in batches]) for crop in range(2))).repeat()
+    guard = callbacks.HealthMonitor(steps_per_epoch=4, batch_size=BATCH)
+    model.fit(dataset, epochs=4, steps_per_epoch=4, callbacks=[guard], verbose=0)
+    warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
+    assert len(warnings) == 1 and words in warnings[0], warnings
+    assert model.COLLAPSE_ADVICE in warnings[0]

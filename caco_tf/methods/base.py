@@ -29,10 +29,8 @@ A method declares its parts; the base builds and trains them:
 - its settings, ``SETTINGS``: the section ``method.<name>`` of a run's configuration, each
   setting the constructor argument of its name (``caco_tf.training.config.Setting``).
 
-The bank warm-up (``bank_warmup.BankWarmup``) is its own switch: ``warmup_steps`` > 0 runs it
-before the method's steps, for any method that declares the warm-up's settings.  The steps of
-a run are phases (``phases``): the warm-up, then the method's steps, split where a part stops
-being frozen (SwAV's prototypes, DINO's last layer).
+The bank warm-up (``bank_warmup.BankWarmup``) is its own switch (``warmup_steps``).  A run's
+steps are phases (``phases``): the warm-up, then the method's, split where a frozen head thaws.
 """
 
 import collections
@@ -52,9 +50,8 @@ from caco_tf.training import distribute, steps
 # outputs (their structure), and the method's diagnostics ({name: value}).
 Objective = collections.namedtuple("Objective", "loss gradients diagnostics")
 
-# A run's phase: from ``first_step`` on, the step of ``hooks`` (the method, or the warm-up),
-# with the ``frozen`` parts' variables left out of the optimizer; ``on_enter`` runs once when
-# the run reaches ``first_step``.
+# A run's phase: from ``first_step`` on, the step of ``hooks`` (the method or the warm-up), the
+# ``frozen`` heads left out of the optimizer; ``on_enter`` runs once at ``first_step``.
 Phase = collections.namedtuple("Phase", "first_step hooks frozen on_enter")
 
 # Arguments every method takes besides its own SETTINGS (build_model gives them).
@@ -181,10 +178,9 @@ class Method(keras.Model):
         """Build the method's state (``self.memory_bank``, a queue, a center)."""
 
     def _create_method_trackers(self):
-        """Trackers of a method's own diagnostics beyond ``DIAGNOSTICS`` (CaCo's MPPs)."""
+        """Trackers beyond ``DIAGNOSTICS`` (CaCo's MPPs), which ``method_metrics`` lists."""
 
     def method_metrics(self):
-        """The method's own trackers beyond ``DIAGNOSTICS``."""
         return []
 
     def _own_or_warmup(self, name):
@@ -192,13 +188,17 @@ class Method(keras.Model):
         return getattr(self, name) if name in self.argument_defaults() else getattr(
             self, f"warmup_{name}")
 
+    @classmethod
+    def projector_shape(cls, settings):
+        """``build_mlp``'s arguments for a run whose method section is ``settings``."""
+        return cls.PROJECTOR
+
     @property
     def embedding_dim(self):
         return int(self.query_encoder.output_shape[-1])
 
     @property
-    def projector(self):
-        """The projection head (inside the embedding network: backbone → projector → L2)."""
+    def projector(self):  # inside the embedding network: backbone → projector → L2
         return self.query_encoder.layers[-2]
 
     @property
@@ -254,8 +254,7 @@ class Method(keras.Model):
         raise NotImplementedError
 
     def objective(self, outputs, targets, step):
-        """``EXACT_GRADIENT`` methods: an ``Objective``, with any state step they take from
-        the pre-step state."""
+        """``EXACT_GRADIENT`` methods: an ``Objective`` (and their state's pre-step step)."""
         raise NotImplementedError
 
     def update_state(self, outputs, targets, step):
@@ -278,13 +277,15 @@ class Method(keras.Model):
             if tracker.name in diagnostics:
                 tracker.update_state(diagnostics[tracker.name])
 
-    def warmup_diagnostics(self, query1, query2, key1, key2, bank):
-        """What the warm-up reports besides its loss (CaCo: the MPP statistics); none here."""
+    def warmup_diagnostics(self, query1, query2, key1, key2, bank):  # CaCo's MPP statistics
         return {}
 
-    def collapse(self, logs, images_per_epoch):
-        """Why an epoch's logs show this method's known failure, or None (every method's
-        uniformity and rank are checked too: ``callbacks.is_collapsed``)."""
+    def collapse(self, logs, epoch):
+        """Why an epoch's logs show this method's known failure (``callbacks.is_collapsed``
+        checks uniformity and rank too), or None; ``epoch``: a ``callbacks.EpochCount``."""
+
+    def judged(self, epoch):  # whether the health monitor judges it (past the warm-up)
+        return True
 
     # ------------------------------------------------------------------ the step
     def _step(self, data, phase, learn=True):

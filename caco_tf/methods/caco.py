@@ -182,13 +182,13 @@ class CaCo(ContrastiveMethod):
         self.bank_norm.update_state(statistics.mean_norm)
         self.bank_lr_tracker.update_state(diagnostics.get("bank_lr", 0.0))
 
-    def collapse(self, logs, images_per_epoch):
+    def collapse(self, logs, epoch):
         """The positives crowd onto a few bank rows: under 2 % of what the epoch could use
         (min(K, its 2 MPP assignments an image))."""
-        if "mpp_usage" not in logs or not images_per_epoch:
+        if "mpp_usage" not in logs or not epoch.images:
             return None
         rows = float(logs["mpp_usage"]) * self.memory_bank.size
-        usable = min(self.memory_bank.size, 2 * images_per_epoch)
+        usable = min(self.memory_bank.size, 2 * epoch.images)
         if rows < COLLAPSE_USAGE * usable:
             return f"the positives use {rows:.0f} of {usable} bank rows"
         return None

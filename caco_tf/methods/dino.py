@@ -9,7 +9,7 @@ from caco_tf import losses
 from caco_tf.methods.base import Method
 from caco_tf.methods.state import RunningMean
 from caco_tf.nets.layers import NormalizedDense
-from caco_tf.training.config import Setting, integer, number
+from caco_tf.training.config import Setting, boolean, integer, number
 from caco_tf.training.optimizers import as_schedule
 
 
@@ -45,6 +45,9 @@ class DINO(Method):
         "freeze_last_layer_epochs": Setting(
             1.0, number(0.0), "epochs the last layer stays as initialized",
             in_steps="freeze_last_layer_steps"),
+        "head_batchnorm": Setting(
+            False, boolean(), "BatchNorm in the head's hidden layers (DINO's --use_bn_in_head)",
+            passed=False),
     }
     TEACHER = "momentum"
     HEADS = TEACHER_HEADS = ("last_layer",)
@@ -55,6 +58,10 @@ class DINO(Method):
     COLLAPSE_ADVICE = ("lower method.dino.teacher_temperature (0.04; above ~0.07 the teacher "
                        "goes uniform), or freeze the last layer longer "
                        "(method.dino.freeze_last_layer_epochs)")
+
+    @classmethod
+    def projector_shape(cls, settings):
+        return dict(cls.PROJECTOR, hidden_batchnorm=settings["head_batchnorm"])
 
     def build_heads(self):
         self.last_layer = NormalizedDense(self.out_dim, name="last_layer")
@@ -93,7 +100,11 @@ class DINO(Method):
     def view_embeddings(self, outputs):
         return outputs[0]["embedding"], outputs[1]["embedding"]
 
-    def collapse(self, logs, images_per_epoch):
+    def judged(self, epoch):
+        """From the second epoch after the last layer thaws: the teacher starts uniform."""
+        return epoch.done * epoch.steps >= self.freeze_last_layer_steps + 2 * epoch.steps
+
+    def collapse(self, logs, epoch):
         entropy, uniform = float(logs.get("teacher_entropy", 0.0)), math.log(self.out_dim)
         if entropy > UNIFORM * uniform:
             return (f"the teacher's output is uniform (entropy {entropy:.3f} of ln K = "

@@ -68,7 +68,7 @@ class SimSiam(Method):
         return (losses.l2_normalize(outputs[0]["projection"]),
                 losses.l2_normalize(outputs[1]["projection"]))
 
-    def collapse(self, logs, images_per_epoch):
+    def collapse(self, logs, epoch):
         if float(logs.get("embedding_std", 1.0)) < COLLAPSED_SPREAD:
             return (f"the unit projections' spread is {float(logs['embedding_std']):.3f} of an "
                     f"even spread's (below {COLLAPSED_SPREAD})")

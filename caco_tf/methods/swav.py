@@ -99,7 +99,11 @@ class SwAV(Method):
     def view_embeddings(self, outputs):
         return outputs[0]["embedding"], outputs[1]["embedding"]
 
-    def collapse(self, logs, images_per_epoch):
+    def judged(self, epoch):
+        """From the second epoch after the prototypes thaw: the loss starts at ln K."""
+        return epoch.done * epoch.steps >= self.freeze_prototypes_steps + 2 * epoch.steps
+
+    def collapse(self, logs, epoch):
         uniform = math.log(self.num_prototypes)
         if "loss" in logs and float(logs["loss"]) > STALLED * uniform:
             return (f"the loss stays at {float(logs['loss']):.3f}, near ln K = {uniform:.3f} "

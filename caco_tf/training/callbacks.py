@@ -3,6 +3,7 @@
 The kNN monitor is an evaluation, in ``caco_tf.evaluation.monitor``.
 """
 
+import collections
 import logging
 import os
 import signal
@@ -297,12 +298,17 @@ COLLAPSE_UNIFORMITY = -0.2   # the views' embeddings all near one point (0: a si
 COLLAPSE_RANK = 2.0          # RankMe of the embeddings
 
 
-def is_collapsed(logs, model=None, images_per_epoch=0):
+# An epoch as a method's collapse check sees it: ``done`` epochs so far, of ``steps`` steps and
+# ``images`` images each.
+EpochCount = collections.namedtuple("EpochCount", "done steps images")
+
+
+def is_collapsed(logs, model=None, epoch=EpochCount(1, 0, 0)):
     """Why an epoch's ``logs`` show a collapse, or None: the method's own check
     (``model.collapse``: CaCo's positives on a few bank rows, SimSiam's spread, SwAV's loss at
     ln K, DINO's uniform teacher), the embeddings' uniformity above ``COLLAPSE_UNIFORMITY``, or
     their effective rank under ``COLLAPSE_RANK``."""
-    reason = model.collapse(logs, images_per_epoch) if model is not None else None
+    reason = model.collapse(logs, epoch) if model is not None else None
     if reason:
         return reason
     if "uniformity" in logs and float(logs["uniformity"]) > COLLAPSE_UNIFORMITY:
@@ -328,13 +334,14 @@ class HealthMonitor(keras.callbacks.Callback):
 
     Args:
       sample: batches of normalized images (or (images, labels)), the same every epoch.
-      images_per_epoch: the images an epoch trains on (CaCo's check counts its MPP assignments).
+      steps_per_epoch, batch_size: an epoch's steps and the global batch (the methods' own
+        checks count epochs and images).
       stop_on_collapse: stop the run when a collapse shows.
     """
 
-    def __init__(self, sample=None, images_per_epoch=0, stop_on_collapse=False):
+    def __init__(self, sample=None, steps_per_epoch=0, batch_size=0, stop_on_collapse=False):
         super().__init__()
-        self.sample, self.images_per_epoch = sample, int(images_per_epoch)
+        self.sample, self.steps, self.batch = sample, int(steps_per_epoch), int(batch_size)
         self.stop_on_collapse = bool(stop_on_collapse)
         self.warned = False
         self._encode = None
@@ -363,7 +370,10 @@ class HealthMonitor(keras.callbacks.Callback):
             logs.update(self.ranks())
         if self.in_warmup():
             return  # recorded, not judged: early training bunches and spreads again (below)
-        reason = is_collapsed(logs, self.model, self.images_per_epoch)
+        count = EpochCount(epoch + 1, self.steps, self.steps * self.batch)
+        if not self.model.judged(count):
+            return  # an epoch a method's own check must not judge yet (SwAV, DINO)
+        reason = is_collapsed(logs, self.model, count)
         if reason and not self.warned:
             self.warned = True
             logging.getLogger("caco_tf").warning(
