@@ -101,8 +101,8 @@ class DINO(Method):
         return outputs[0]["embedding"], outputs[1]["embedding"]
 
     def judged(self, epoch):
-        """From the second epoch after the last layer thaws: the teacher starts uniform."""
-        return epoch.done * epoch.steps >= self.freeze_last_layer_steps + 2 * epoch.steps
+        """From the fourth epoch after the last layer thaws: the teacher starts uniform."""
+        return epoch.done * epoch.steps >= self.freeze_last_layer_steps + 4 * epoch.steps
 
     def collapse(self, logs, epoch):
         entropy, uniform = float(logs.get("teacher_entropy", 0.0)), math.log(self.out_dim)

@@ -69,10 +69,15 @@ class SimSiam(Method):
                 losses.l2_normalize(outputs[1]["projection"]))
 
     def collapse(self, logs, epoch):
-        if float(logs.get("embedding_std", 1.0)) < COLLAPSED_SPREAD:
-            return (f"the unit projections' spread is {float(logs['embedding_std']):.3f} of an "
-                    f"even spread's (below {COLLAPSED_SPREAD})")
+        """The projections turn towards one direction: their spread falls and they bunch."""
+        spread, uniformity = (float(logs.get(key, default)) for key, default in (
+            ("embedding_std", 1.0), ("uniformity", -4.0)))
+        if spread < COLLAPSING_SPREAD and uniformity > COLLAPSING_UNIFORMITY:
+            return (f"the projections turn towards one direction (spread {spread:.3f} of an "
+                    f"even spread's, uniformity {uniformity:.2f})")
         return None
 
 
-COLLAPSED_SPREAD = 0.1  # healthy runs keep a few tenths or more; a collapse goes to ~0.01
+# The offline digits (small ConvNet, 32-d projection): with its predictor SimSiam kept a spread of
+# 0.92-0.99 and a uniformity below -1.9 over 6 epochs; without, 0.81 and -0.69 by epoch 4.
+COLLAPSING_SPREAD, COLLAPSING_UNIFORMITY = 0.85, -1.0

@@ -100,8 +100,9 @@ class SwAV(Method):
         return outputs[0]["embedding"], outputs[1]["embedding"]
 
     def judged(self, epoch):
-        """From the second epoch after the prototypes thaw: the loss starts at ln K."""
-        return epoch.done * epoch.steps >= self.freeze_prototypes_steps + 2 * epoch.steps
+        """From the fourth epoch after the prototypes thaw: the loss starts at ln K and can
+        sit near it for an epoch or two before it falls (the offline digits, K = 100)."""
+        return epoch.done * epoch.steps >= self.freeze_prototypes_steps + 4 * epoch.steps
 
     def collapse(self, logs, epoch):
         uniform = math.log(self.num_prototypes)
