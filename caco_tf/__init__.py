@@ -19,7 +19,7 @@ import os
 # TF_CPU_ALLOCATOR_USE_BFC=false in the environment wins.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-__version__ = "0.3.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
+__version__ = "0.4.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
 
 # Public name → the module that defines it.
 _API = {

@@ -14,6 +14,8 @@ import math
 
 import keras
 
+from caco_tf.nets.layers import NormalizedDense
+
 __all__ = ["CACO_BANK_MATMULS", "MOCO_BANK_MATMULS", "bank_matmul_flops", "forward_flops",
            "layer_forward_flops", "train_step_flops"]
 
@@ -54,6 +56,8 @@ def layer_forward_flops(layer):
         # Leading dimensions other than the batch (a Dense on sequences) multiply the count.
         positions = math.prod(_known(tuple(layer.output.shape)[1:-1], layer))
         return 2 * positions * math.prod(layer.kernel.shape)
+    if isinstance(layer, NormalizedDense):  # a product with its (normalized) kernel
+        return 2 * math.prod(layer.kernel.shape)
     if hasattr(layer, "kernel"):
         raise NotImplementedError(f"no FLOP count for layer {layer.name!r} "
                                   f"({type(layer).__name__})")

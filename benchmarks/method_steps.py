@@ -1,0 +1,207 @@
+"""Each method's train step against MoCo v2's, on the same encoder and batch, interleaved.
+
+    python benchmarks/method_steps.py [--sets r50,offline,multicrop,dino_head] [--rounds 5]
+                                      [--output BENCHMARKS.md]
+
+Sets, each timed in one process, one step of every model of the set in turn each round (the
+order reversed every other round, so a shared machine's drift slows all alike):
+
+=========  ========================================================================
+r50        ResNet-50, 224 px, batch 32, projector 2,048 → 256 for every method, each
+           method's ImageNet sizes (its recipe's heads; CaCo's bank and MoCo v2's queue
+           65,536 rows, NNCLR's support set 98,304, SwAV's 3,000 prototypes, DINO's
+           65,536 outputs), float32, no XLA, one device, no warm-up pass
+offline    configs/mnist.yaml (small ConvNet, 28 px, batch 16, XLA), each method's first
+           trial of the comparison (benchmarks/comparison.py)
+multicrop  ResNet-50, batch 32: CaCo, SwAV and DINO with 2×224 + 6×96 crops against
+           their own 2×224 step
+dino_head  ResNet-50, batch 32: DINO with K = 65,536 outputs against K = 4,096
+=========  ========================================================================
+
+For each model: the median step time, its ratio to the set's reference (MoCo v2; in the last
+two sets the method's own two-crop or K = 4,096 step), the median of the per-round ratios, and
+the ratio of their counted FLOPs (``flops``): the student's forward on every crop three times
+(forward and backward), the teacher's forward on the global crops, and the products with a bank,
+a queue or a support set.  A ratio within its FLOP ratio is the arithmetic the method needs.
+Writes BENCHMARKS.md's ``method_steps`` section.
+"""
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _report  # noqa: E402
+
+SECTION = ("## Each method's step against MoCo v2's", "<!-- method_steps: begin -->",
+           "<!-- method_steps: end -->")
+METHODS = ("moco_v2", "caco", "simclr", "byol", "simsiam", "moco_v3", "nnclr", "swav", "dino",
+           "barlow_twins", "vicreg")
+R50 = ["data.source=mnist", "data.image_size=224", "data.channels=3", "data.views=imagenet",
+       "model.backbone=resnet50", "model.projector_hidden=2048", "model.embedding_dim=256",
+       "model.sync_batchnorm=false", "train.batch_size=32", "train.jit_compile=false",
+       "train.steps_per_execution=1", "method.caco.warmup_epochs=0"]
+# The heads' widths of each method's ImageNet recipe (configs/*_imagenet_resnet50.yaml).
+R50_HEADS = {"simsiam": ["method.simsiam.predictor_hidden=512"]}
+
+
+def settings(set_name, method, variant=None):
+    """The configuration overrides of one model of a set."""
+    from comparison import TRIALS
+
+    if set_name == "offline":
+        # MoCo v2 with the ablation's queue (configs/mnist.yaml's CaCo bank, 1,024 rows).
+        first = TRIALS.get(method, [["method.moco_v2.bank_size=1024"]])[0]
+        return [f"method.name={method}", "train.steps_per_execution=1"] + first
+    base = R50 + [f"method.name={method}"] + R50_HEADS.get(method, [])
+    if set_name == "multicrop" and variant == "multi":
+        base += ["data.views=multicrop", "data.multicrop.local_crops=6"]
+    if set_name == "dino_head":
+        base.append(f"method.dino.out_dim={65536 if variant == 'wide' else 4096}")
+    return base
+
+
+def models_of(set_name):
+    """[(label, method, variant)] of a set; the first is the reference."""
+    if set_name in ("r50", "offline"):
+        return [(m, m, None) for m in METHODS]
+    if set_name == "multicrop":
+        return [(f"{m}, {v}", m, v) for m in ("caco", "swav", "dino") for v in ("2×224", "multi")]
+    return [("dino, K = 4,096", "dino", "narrow"), ("dino, K = 65,536", "dino", "wide")]
+
+
+def build(set_name, method, variant):
+    """(model, a fixed batch of crops) for one model of a set."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from caco_tf import build as build_lib
+    from caco_tf.training.config import load_config
+
+    config = load_config(os.path.join(ROOT, "configs", "mnist.yaml"),
+                         settings(set_name, method, variant))
+    keras.utils.set_random_seed(0)
+    model = build_lib.build_model(config, steps_per_epoch=1000)
+    size, channels = config["data"]["image_size"], config["data"]["channels"]
+    batch = config["train"]["batch_size"]
+    sizes = [size] * 2 + ([96] * 6 if variant == "multi" else [])
+    rng = np.random.default_rng(0)
+    crops = tuple(tf.constant(rng.normal(size=(batch, s, s, channels)).astype("float32"))
+                  for s in sizes)
+    return model, crops
+
+
+def step_flops(model, crops):
+    """Counted FLOPs of one step (module docstring)."""
+    from caco_tf.nets import profiling
+
+    def network(part, size):
+        clone = part
+        if None in part.input_shape[1:3]:  # a multi-crop backbone: count at this crop's size
+            import keras
+            inputs = keras.Input((size, size, part.input_shape[-1]))
+            clone = keras.Model(inputs, part(inputs))
+        return profiling.forward_flops(clone)
+
+    import keras
+    import math
+
+    def head(layer):  # a functional head, or one layer called outside a graph (prototypes)
+        return (profiling.forward_flops(layer) if isinstance(layer, keras.Model)
+                else 2 * math.prod(layer.kernel.shape) if hasattr(layer, "kernel") else 0)
+
+    batch = int(crops[0].shape[0])
+    heads = sum(head(h) for h in model.heads)
+    student = sum(network(model.query_encoder, int(c.shape[1])) + heads for c in crops)
+    teacher = 0
+    if model.TEACHER == "momentum":
+        teacher = 2 * network(model.key_encoder, int(crops[0].shape[1]))
+    rows = 0  # rows of a bank, queue or support set each view's embedding meets
+    dim = model.embedding_dim
+    if model.memory_bank is not None and model.method == "caco":
+        rows = model.memory_bank.size * profiling.CACO_BANK_MATMULS / 2
+    elif model.memory_bank is not None:
+        rows = model.memory_bank.size * profiling.MOCO_BANK_MATMULS / 2
+    elif getattr(model, "support_set", None) is not None:
+        rows = model.support_set.size  # the nearest-neighbour search, no gradient
+    return batch * (3 * student + teacher) + 2 * 2 * batch * rows * dim
+
+
+def measure(set_name, rounds):
+    import tensorflow as tf
+
+    chosen = models_of(set_name)
+    runs = []
+    for label, method, variant in chosen:
+        model, crops = build(set_name, method, variant)
+        function = model.make_train_function()
+        batch = [crops]
+        function(batch)  # traces (and compiles)
+        function(batch)
+        runs.append(dict(label=label, model=model, run=lambda f=function, b=batch: f(b),
+                         flops=step_flops(model, crops), times=[]))
+    ratios = {run["label"]: [] for run in runs}
+    for index in range(rounds):
+        order = runs if index % 2 == 0 else runs[::-1]
+        for run in order:
+            start = time.perf_counter()
+            logs = run["run"]()
+            tf.nest.map_structure(lambda t: t.numpy(), logs)  # wait for the step
+            run["times"].append(time.perf_counter() - start)
+        for run in runs:
+            ratios[run["label"]].append(run["times"][-1] / runs[0]["times"][-1])
+    reference = runs[0]
+    return [dict(label=run["label"], ms=1000 * statistics.median(run["times"]),
+                 ratio=statistics.median(ratios[run["label"]]),
+                 flops_ratio=run["flops"] / reference["flops"], gflops=run["flops"] / 1e9)
+            for run in runs]
+
+
+def table(set_name, rows, reference):
+    lines = [f"| {set_name}: model | step (ms, median) | × {reference} (median of rounds) | "
+             f"counted GFLOPs | × {reference} in FLOPs | step ratio / FLOP ratio |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['label']} | {row['ms']:.0f} | {row['ratio']:.2f} | "
+                     f"{row['gflops']:.1f} | {row['flops_ratio']:.2f} | "
+                     f"{row['ratio'] / row['flops_ratio']:.2f} |")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", default="r50,offline,multicrop,dino_head")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    start = time.time()
+    lines = [SECTION[1], SECTION[0], "",
+             _report.command_line("method_steps.py", argv) + f"; {datetime.date.today()}, "
+             f"{_report.cpu_model()}, no GPU, float32.", ""]
+    references = {"r50": "moco_v2", "offline": "moco_v2", "multicrop": "the first row",
+                  "dino_head": "K = 4,096"}
+    for set_name in args.sets.split(","):
+        rows = measure(set_name, args.rounds)
+        if set_name == "multicrop":  # each method against its own two-crop step
+            for two, multi in zip(rows[::2], rows[1::2]):
+                multi["ratio"] /= two["ratio"]
+                multi["flops_ratio"] /= two["flops_ratio"]
+                two["ratio"] = two["flops_ratio"] = 1.0
+        lines += table(set_name, rows, references[set_name]) + [""]
+        print("\n".join(lines[-len(rows) - 3:]), flush=True)
+    lines += [f"Took {(time.time() - start) / 60:.0f} minutes.", SECTION[2]]
+    _report.publish("\n".join(lines), args.output, SECTION[1], SECTION[2], SECTION[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
