@@ -114,18 +114,23 @@ def _run(config, folder, strategy, chief, verbose, stack):
         check_space(folder, model)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
     skipped = data.SkippedFiles(list_path=folder.skipped_files if chief else None)
+    listed = data.listed_unreadable(folder.skipped_files) if chief and backup else []
     if chief:
         print(data.describe_inputs(train, held_out, folder.skipped_files), flush=True)
+    if chief and backup:  # the bad files met before the stop stay listed
+        skipped.relist(listed)
     # Epoch e is its own seeded pass over the images: a resumed run starts at the epoch and
-    # step it stopped at, with the images, order and views it would have had.  With the
-    # online probe the batches carry the labels, which only the probe reads; the views are
-    # the same.
+    # step it stopped at, with the images, order and views it would have had, reading from
+    # the place in the epoch's order its checkpoint recorded.  With the online probe the
+    # batches carry the labels, which only the probe reads; the views are the same.
+    position = data.StreamPosition()
     dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
         train, batch, views, seed=config["data"]["seed"], input_context=context,
         skipped=skipped, image_size=config["data"]["image_size"],
         channels=config["data"]["channels"], with_labels=probe_classes is not None,
         first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
-        steps_per_epoch=steps_per_epoch))
+        steps_per_epoch=steps_per_epoch, resume_at=backup.positions if backup else None,
+        position=position))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
         health_sample(config, views, train), steps_per_epoch * batch,
@@ -137,7 +142,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
                               restored=write_config if chief and changes else None,
                               steps_per_epoch=steps_per_epoch,
                               every_minutes=config["train"]["checkpoint_every_minutes"],
-                              signals=signals, point=backup)
+                              signals=signals, point=backup, position=position,
+                              peer_timeout=config["distribute"]["collective_timeout_seconds"])
     loggers = _loggers(folder) if chief else []
     stuck = peers.watchdog(strategy, config["distribute"]["collective_timeout_seconds"])
     try:

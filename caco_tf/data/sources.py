@@ -312,8 +312,9 @@ class TFDSSource(Source):
         return self._read(self.split).map(pair)
 
 
-def count_gaps(dataset, skipped):
-    """(number, payload) elements → payload, counting the numbers that ``ignore_errors`` dropped."""
+def count_gaps(dataset, skipped, first=0, numbered=False):
+    """(number, payload) elements → payload, counting the numbers that ``ignore_errors`` dropped
+    (numbers start at ``first``); ``numbered``: (number, payload) elements, as they came."""
 
     def step(last, element):
         number, payload = element
@@ -324,9 +325,9 @@ def count_gaps(dataset, skipped):
                               lambda: tf.constant(0, tf.int64))
             with tf.control_dependencies([counted]):
                 number = tf.identity(number)
-        return number, payload
+        return number, (number, payload) if numbered else payload
 
-    return dataset.scan(tf.constant(-1, tf.int64), step)
+    return dataset.scan(tf.cast(first, tf.int64) - 1, step)
 
 
 def _without_bad_records(elements, skipped):

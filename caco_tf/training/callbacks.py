@@ -83,13 +83,19 @@ class Resume(keras.callbacks.Callback):
       signals: the ``StopSignals`` whose signal stops the run after a save.
       point: the resume point when the caller has read it already (``RunFolder.read_backup``:
         a second read would checksum the checkpoint and warn of a damaged one again).
+      position: the input pipeline's ``data.StreamPosition``: a save inside an epoch records
+        every pipeline's place in the epoch's order (the chief gathers the workers' through
+        the coordination service), from which a resume starts reading.
+      peer_timeout: seconds the chief waits for a worker's place (None or 0: for ever).
     """
 
     _UNREAD = object()
 
     def __init__(self, run_dir, writer=True, changes=(), restored=None, steps_per_epoch=None,
-                 every_minutes=None, signals=None, point=_UNREAD):
+                 every_minutes=None, signals=None, point=_UNREAD, position=None,
+                 peer_timeout=None):
         super().__init__()
+        self.position, self.peer_timeout = position, peer_timeout
         self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         self.writer, self.changes, self.restored = writer, tuple(changes), restored
         self.steps_per_epoch = steps_per_epoch
@@ -196,9 +202,31 @@ class Resume(keras.callbacks.Callback):
         # Read on every worker (a distributed metric's value may be a collective).
         metrics = ({metric.name: [np.asarray(v.numpy()).tolist() for v in metric.variables]
                     for metric in self.model.metrics} if step else None)
+        positions = self._positions(epoch, step)
         if self.writer:
-            self.folder.write_backup(self.model, epoch, step, self.steps_per_epoch, metrics)
+            self.folder.write_backup(self.model, epoch, step, self.steps_per_epoch, metrics,
+                                     positions)
         self._saved_at = time.monotonic()
+
+    def _positions(self, epoch, step):
+        """Every input pipeline's place in the epoch's order after its first ``step`` batches,
+        on the writer (None elsewhere, at an epoch's end, or when one is unknown)."""
+        if self.position is None or not step:
+            return None
+        own = self.position.at(epoch, step)
+        count, index = self.position.pipeline
+        if count == 1:
+            return [own] if own is not None else None
+        from caco_tf.training import peers
+
+        key = f"caco_tf/position/{int(self.model.optimizer.iterations.numpy())}"
+        peers.share(f"{key}/{index}", own)
+        if not self.writer:
+            return None
+        places = [own if pipeline == index else peers.fetch(f"{key}/{pipeline}",
+                                                            self.peer_timeout)
+                  for pipeline in range(count)]
+        return None if any(place is None for place in places) else places
 
     def stop(self, epoch, step):
         """Raise ``Interrupted``: the run stopped at ``epoch``, ``step`` on a signal."""

@@ -13,6 +13,7 @@ coordination service; its error ends the others' steps, and ``peer_error`` turns
 same kind of line.
 """
 
+import json
 import os
 import re
 import threading
@@ -59,6 +60,29 @@ def peer_error(error, step, watchdog=None):
         cause = type(error).__name__
     return PeerError(f"{who or 'a peer is not answering'}: global step {step + 1} could not "
                      f"finish ({cause}); {ADVICE}")
+
+
+def share(key, value):
+    """Publish ``value`` (JSON) under ``key`` in the cluster's coordination service."""
+    from tensorflow.python.eager import context
+
+    context.context().set_config_key_value(key, json.dumps(value))
+
+
+def fetch(key, timeout=None, what=None):
+    """The value a worker published under ``key`` (``share``), waiting up to ``timeout``
+    seconds (None or 0: for ever); a ``PeerError`` when it does not come."""
+    from tensorflow.python.eager import context
+
+    try:
+        text = context.context().get_config_key_value(
+            key, int(1000 * timeout) if timeout else 0)
+    except Exception as error:  # noqa: BLE001 (DeadlineExceeded, Unavailable: the peer is gone)
+        waited = f"within {timeout:g} s (distribute.collective_timeout_seconds)" if timeout \
+            else f"({type(error).__name__})"
+        raise PeerError(f"a peer is not answering: {what or key} did not come {waited}; "
+                        f"{ADVICE}") from None
+    return json.loads(text)
 
 
 class StuckPeerWatchdog(keras.callbacks.Callback):
