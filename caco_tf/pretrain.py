@@ -107,6 +107,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
     policy, chosen_because = precision.resolve(config["train"]["precision"])
     if chief and chosen_because:
         print(f"precision: {policy} ({chosen_because})", flush=True)
+    timeout = config["distribute"]["collective_timeout_seconds"]
     with _dtype_policy(policy), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
@@ -143,25 +144,20 @@ def _run(config, folder, strategy, chief, verbose, stack):
                               steps_per_epoch=steps_per_epoch,
                               every_minutes=config["train"]["checkpoint_every_minutes"],
                               signals=signals, point=backup, position=position,
-                              peer_timeout=config["distribute"]["collective_timeout_seconds"])
+                              peer_timeout=timeout)
     loggers = _loggers(folder) if chief else []
-    stuck = peers.watchdog(strategy, config["distribute"]["collective_timeout_seconds"])
+    # Every wait on a peer is timed, the epoch's end and the evaluations included.
+    stuck = peers.watchdog(strategy, timeout)
     try:
-        with signals:
+        with signals, _lost_peers(strategy, model, stuck):
             model.fit(dataset, epochs=config["train"]["epochs"],
                       steps_per_epoch=steps_per_epoch,
                       shuffle=False,  # the dataset shuffles itself, once per epoch
                       verbose=verbose if chief else 0,
-                      callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
-                      + ([stuck] if stuck else [])
+                      callbacks=([stuck] if stuck else [])
+                      + [callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
                       + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
                       + [skipped.callback()])
-    except tf.errors.OpError as error:  # a lost peer, under a multi-worker strategy
-        lost = distribute.is_multi_worker(strategy) and peers.peer_error(
-            error, int(model.optimizer.iterations.numpy()), stuck)
-        if not lost:
-            raise
-        raise lost from None
     except Interrupted:
         for logger in loggers:
             if isinstance(logger, keras.callbacks.TensorBoard):
@@ -181,8 +177,10 @@ def _run(config, folder, strategy, chief, verbose, stack):
     results = {"epochs": config["train"]["epochs"],
                "replicas": int(strategy.num_replicas_in_sync), "caco_tf": __version__}
     if held_out is not None and train.has_labels:
-        results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
-                                       strategy)
+        with (stuck.watching("the end-of-run kNN evaluation") if stuck
+              else contextlib.nullcontext()), _lost_peers(strategy, model, stuck):
+            results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
+                                           strategy)
     if not chief:
         return {}
     # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model
@@ -200,6 +198,22 @@ def _run(config, folder, strategy, chief, verbose, stack):
     except tf.errors.OpError as error:  # TensorFlow's own writes (the SavedModel's variables)
         raise write_error(error, writing) from None
     return results
+
+
+@contextlib.contextmanager
+def _lost_peers(strategy, model, stuck):
+    """TensorFlow's error about a lost peer (under a multi-worker strategy) as one
+    ``PeerError`` line naming it and where the run stood; the watchdog stops with the phase."""
+    try:
+        yield
+    except BaseException as error:
+        lost = (isinstance(error, tf.errors.OpError) and distribute.is_multi_worker(strategy)
+                and peers.peer_error(error, int(model.optimizer.iterations.numpy()), stuck))
+        if stuck is not None:
+            stuck.close()  # this worker stops here: nothing more to time
+        if not lost:
+            raise
+        raise lost from None
 
 
 def check_space(folder, model):

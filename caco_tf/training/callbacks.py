@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from caco_tf import __version__, health
 from caco_tf.nets import layers
+from caco_tf.training import peers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, link_atomically, read_history,
@@ -86,7 +87,8 @@ class Resume(keras.callbacks.Callback):
       position: the input pipeline's ``data.StreamPosition``: a save inside an epoch records
         every pipeline's place in the epoch's order (the chief gathers the workers' through
         the coordination service), from which a resume starts reading.
-      peer_timeout: seconds the chief waits for a worker's place (None or 0: for ever).
+      peer_timeout: seconds the chief waits for a worker's place (None or 0: for ever; the
+        stuck-peer watchdog still guards the wait).
     """
 
     _UNREAD = object()
@@ -217,8 +219,6 @@ class Resume(keras.callbacks.Callback):
         count, index = self.position.pipeline
         if count == 1:
             return [own] if own is not None else None
-        from caco_tf.training import peers
-
         key = f"caco_tf/position/{int(self.model.optimizer.iterations.numpy())}"
         peers.share(f"{key}/{index}", own)
         if not self.writer:
@@ -414,7 +414,7 @@ class HealthMonitor(keras.callbacks.Callback):
         if self._encode is None:  # compiled: run eagerly, the passes cost ~1.3 s an epoch offline
             self._encode = tf.function(self.model.features_and_embeddings)
         features, embeddings = [], []
-        for batch in self.sample:
+        for batch in peers.ticking(self.sample):  # a long pass: the watchdog times each batch
             batch_features, batch_embeddings = self._encode(
                 batch[0] if isinstance(batch, tuple) else batch)
             features.append(tf.cast(batch_features, tf.float32))
@@ -443,4 +443,5 @@ class PreciseBatchNorm(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.params and epoch + 1 == self.params.get("epochs"):
-            layers.recalibrate_batchnorm(self.backbone or self.model.backbone, self.data)
+            layers.recalibrate_batchnorm(self.backbone or self.model.backbone,
+                                         peers.ticking(self.data))
