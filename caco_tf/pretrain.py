@@ -16,7 +16,7 @@ from caco_tf.build import (build_model, build_views, check_sizes, health_sample,
                            online_probe_classes, precise_bn)
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
-from caco_tf.training import callbacks, distribute, interrupts, peers, precision, run_folder
+from caco_tf.training import callbacks, decisions, distribute, interrupts, peers, run_folder
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
@@ -104,11 +104,16 @@ def _run(config, folder, strategy, chief, verbose, stack):
         write_config()
         # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
-    policy, chosen_because = precision.resolve(config["train"]["precision"])
-    if chief and chosen_because:
-        print(f"precision: {policy} ({chosen_because})", flush=True)
+    # What each machine would resolve on its own (precision: auto, XLA) is decided once for
+    # the run and kept by its resumes.
     timeout = config["distribute"]["collective_timeout_seconds"]
-    with _dtype_policy(policy), strategy.scope():
+    decided, note = decisions.decide(config, strategy, folder.read_decided() if backup else None,
+                                     timeout)
+    if note:
+        print(note, flush=True)
+    elif chief and decided["why"]:
+        print(f"precision: {decided['precision']} ({decided['why']})", flush=True)
+    with _dtype_policy(decided["precision"]), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
     if chief:
@@ -144,7 +149,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
                               steps_per_epoch=steps_per_epoch,
                               every_minutes=config["train"]["checkpoint_every_minutes"],
                               signals=signals, point=backup, position=position,
-                              peer_timeout=timeout)
+                              peer_timeout=timeout, decided=decided)
     loggers = _loggers(folder) if chief else []
     # Every wait on a peer is timed, the epoch's end and the evaluations included.
     stuck = peers.watchdog(strategy, timeout)

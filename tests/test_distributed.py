@@ -229,6 +229,9 @@ def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path):
     assert [row["epoch"] for row in history] == [1, 2]
     assert history[0] == first[0]  # epoch 1 was restored, not redone
     assert _newest_save(run_dir)["epoch"] == 2
+    with open(os.path.join(run_dir, "backup", "training_metadata.json")) as handle:
+        decided = json.load(handle)["decided"]  # one decision for both workers, recorded
+    assert decided["xla"] is False and decided["precision"] in ("float32", "mixed_bfloat16")
     with open(os.path.join(run_dir, "results.json")) as handle:
         results = json.load(handle)
     assert results["replicas"] == 2 and results["knn_top1"] > 50.0

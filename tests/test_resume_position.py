@@ -90,7 +90,7 @@ def test_a_stopped_image_folder_run_resumes_bit_for_bit_without_rereading(tmp_pa
     import signal
 
     from caco_tf import pretrain
-    from caco_tf.training import callbacks, interrupts
+    from caco_tf.training import callbacks, interrupts, precision
     from caco_tf.training.config import load_config
     from caco_tf.training.run_folder import RunFolder, weight_arrays
 
@@ -124,6 +124,9 @@ def test_a_stopped_image_folder_run_resumes_bit_for_bit_without_rereading(tmp_pa
     monkeypatch.undo()
     metadata = json.load(open(os.path.join(run_dir, "backup", "training_metadata.json")))
     place, = metadata["checkpoints"][0]["positions"]
+    # The run folder records what the run decided from its machine, which its resumes keep.
+    policy, why = precision.resolve(config["train"]["precision"])
+    assert metadata["decided"] == {"precision": policy, "why": why, "xla": False}
     assert place["items"] >= 2 * BATCH and {name for _, name in place["bad"]} <= set(bad)
     passed = [p for p in _passed_over(source, config["data"]["seed"], 1, place) if p not in bad]
     _spoil(passed)

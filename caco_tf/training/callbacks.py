@@ -89,15 +89,17 @@ class Resume(keras.callbacks.Callback):
         the coordination service), from which a resume starts reading.
       peer_timeout: seconds the chief waits for a worker's place (None or 0: for ever; the
         stuck-peer watchdog still guards the wait).
+      decided: what the run decided from its machines (``decisions.decide``), recorded with
+        every save.
     """
 
     _UNREAD = object()
 
     def __init__(self, run_dir, writer=True, changes=(), restored=None, steps_per_epoch=None,
                  every_minutes=None, signals=None, point=_UNREAD, position=None,
-                 peer_timeout=None):
+                 peer_timeout=None, decided=None):
         super().__init__()
-        self.position, self.peer_timeout = position, peer_timeout
+        self.position, self.peer_timeout, self.decided = position, peer_timeout, decided
         self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         self.writer, self.changes, self.restored = writer, tuple(changes), restored
         self.steps_per_epoch = steps_per_epoch
@@ -207,7 +209,7 @@ class Resume(keras.callbacks.Callback):
         positions = self._positions(epoch, step)
         if self.writer:
             self.folder.write_backup(self.model, epoch, step, self.steps_per_epoch, metrics,
-                                     positions)
+                                     positions, self.decided)
         self._saved_at = time.monotonic()
 
     def _positions(self, epoch, step):

@@ -214,6 +214,16 @@ class RunFolder:
             raise self._damaged_metadata(path, reason) from None
         return entries
 
+    def read_decided(self):
+        """What the run decided from its machines (``training_metadata.json``'s ``decided``:
+        {setting: value}), or {} before its first save."""
+        try:
+            with open(os.path.join(self.backup, METADATA)) as handle:
+                decided = json.load(handle).get("decided") or {}
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return decided if isinstance(decided, dict) else {}
+
     def _damaged_metadata(self, path, reason):
         return RunFolderError(
             f"cannot read {path}: {reason}; it says which checkpoint of {self.backup} to resume "
@@ -232,11 +242,13 @@ class RunFolder:
             return "its checksum does not match"
         return None
 
-    def write_backup(self, model, epoch, step, steps_per_epoch, metrics=None, positions=None):
+    def write_backup(self, model, epoch, step, steps_per_epoch, metrics=None, positions=None,
+                     decided=None):
         """Save the full training state as the newest resume point: ``epoch`` finished epochs
         and ``step`` steps of the next, with each input pipeline's place in the epoch's order
-        (``positions``, see ``ResumePoint``).  A failed write raises ``WriteError`` and leaves
-        the previous resume point as it was."""
+        (``positions``, see ``ResumePoint``) and what the run decided from its machines
+        (``decided``: kept from the previous metadata when None).  A failed write raises
+        ``WriteError`` and leaves the previous resume point as it was."""
         iterations = int(model.optimizer.iterations.numpy())
         name = f"state-{iterations:010d}.weights.h5"
         final = os.path.join(self.backup, name)
@@ -256,7 +268,11 @@ class RunFolder:
             previous = [e for e in (self._entries() or []) if e["weights"] != name]
             entries = [entry] + [e for e in previous
                                  if os.path.exists(os.path.join(self.backup, e["weights"]))][:KEPT - 1]
-            write_json_atomically(os.path.join(self.backup, METADATA), {"checkpoints": entries})
+            metadata = {"checkpoints": entries}
+            decided = decided if decided is not None else self.read_decided()
+            if decided:
+                metadata["decided"] = decided
+            write_json_atomically(os.path.join(self.backup, METADATA), metadata)
         except OSError as error:
             _remove_quietly(partial)
             raise WriteError(_write_message(*_failure(error, final),
