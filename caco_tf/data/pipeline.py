@@ -107,8 +107,6 @@ class StreamPosition:
     data and the seeds, not of how far the pipeline read ahead), so a save after step ``k``
     records exactly where a resume starts reading (``pretrain_dataset(resume_at=...)``)."""
 
-    KEPT_EPOCHS = 2  # the epoch in training and the one the pipeline may read ahead into
-
     def __init__(self):
         self._lock = threading.Lock()
         self._ends, self._bad = {}, {}  # epoch -> {batch: items consumed}, {number: name}
@@ -120,10 +118,14 @@ class StreamPosition:
                              for v in (epoch, batch, end))
         with self._lock:
             self._ends.setdefault(epoch, {})[batch] = end
-            for old in [e for e in self._ends if e <= epoch - self.KEPT_EPOCHS]:
-                self._ends.pop(old, None)
-                self._bad.pop(old, None)
         return np.int64(0)
+
+    def forget(self, before):
+        """Drop the records of the epochs before ``before`` (training has left them)."""
+        with self._lock:
+            for epoch in [e for e in set(self._ends) | set(self._bad) if e < before]:
+                self._ends.pop(epoch, None)
+                self._bad.pop(epoch, None)
 
     def bad_item(self, epoch, number, name):
         """Called from the pipeline for each bad item of an epoch's order."""

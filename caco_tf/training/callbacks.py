@@ -151,6 +151,8 @@ class Resume(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        if self.position is not None:
+            self.position.forget(epoch)
         if self._metrics:  # the resumed epoch's sums (Keras has just reset the trackers)
             for metric in self.model.metrics:
                 for variable, value in zip(metric.variables, self._metrics.get(metric.name, ())):
