@@ -147,3 +147,33 @@ def test_a_stopped_image_folder_run_resumes_bit_for_bit_without_rereading(tmp_pa
               for f in (run_dir, reference)]
     assert listed[1] == {f"unreadable\t{path}" for path in bad}
     assert listed[0] - {f"unreadable\t{path}" for path in passed} == listed[1]
+
+
+def test_the_chief_records_every_workers_place(tmp_path, monkeypatch):
+    """Under several input pipelines each worker publishes its own place at a save and the
+    chief records them all, by pipeline; a place a worker does not know (arrays) records
+    none, so that the resume reads as before rather than from a wrong place."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from caco_tf.training import callbacks, peers
+
+    store = {}
+    monkeypatch.setattr(peers, "share", lambda key, value: store.__setitem__(key, value))
+    monkeypatch.setattr(peers, "fetch", lambda key, timeout=None, what=None: store[key])
+    model = SimpleNamespace(optimizer=SimpleNamespace(iterations=tf.Variable(14)))
+    places = []
+    for pipeline in (1, 0):  # the worker publishes, then the chief gathers
+        position = data.StreamPosition()
+        position.pipeline = (2, pipeline)
+        position.batch_ended(1, 3, 40 + pipeline)
+        position.bad_item(1, 7, f"bad-of-{pipeline}.jpg")
+        resume = callbacks.Resume(str(tmp_path), writer=pipeline == 0, position=position)
+        resume.set_model(model)
+        places.append(resume._positions(1, 4))
+    assert places == [None, [{"items": 40, "bad": [[7, "bad-of-0.jpg"]]},
+                             {"items": 41, "bad": [[7, "bad-of-1.jpg"]]}]]
+    store["caco_tf/position/14/1"] = None  # a worker that knows no place
+    assert resume._positions(1, 4) is None
+    assert resume._positions(1, 0) is None  # an epoch's end: the epoch's start, no place
