@@ -177,3 +177,24 @@ def test_the_chief_records_every_workers_place(tmp_path, monkeypatch):
     store["caco_tf/position/14/1"] = None  # a worker that knows no place
     assert resume._positions(1, 4) is None
     assert resume._positions(1, 0) is None  # an epoch's end: the epoch's start, no place
+
+
+class _Streamed(data.FileSource):
+    """File names passed one by one, block by block (``shuffled``), as record sources are."""
+
+    def shard_arrays(self, shards=(1, 0), labels=False):
+        return None
+
+
+@pytest.mark.parametrize("shards", [(1, 0), (2, 1), (3, 0), (3, 2)])
+def test_file_names_permuted_whole_keep_the_order_of_block_by_block(shards):
+    """An epoch's order of file names permuted as one tensor (every epoch's start and every
+    resume: fast) is the order the block-by-block permutation gives, labels along; shards of
+    unequal sizes ((3, 2): 3 names, blocks of 4) keep block by block."""
+    names = [f"image{i:02d}.png" for i in range(10)]
+    for labels in (False, True):
+        orders = [list(data.epoch_order(kind(names, np.arange(10) % 3), 7, 2, shards,
+                                        labels=labels)[1].take(12).as_numpy_iterator())
+                  for kind in (data.FileSource, _Streamed)]
+        assert len(orders[0]) == 12
+        assert repr(orders[0]) == repr(orders[1]), (shards, labels)

@@ -271,11 +271,8 @@ def _shards(input_context):
 LAST_EPOCH = 2 ** 40  # the pipeline's passes run until training stops reading
 
 
-def shuffled(dataset, block, seed):
-    """``dataset`` shuffled block by block: each run of ``block`` elements in a stateless random
-    order seeded by (``seed``, the block's number), so the order is a function of the seed
-    alone (``Dataset.shuffle`` takes no tensor seed).  A block of a whole finite dataset's
-    length, repeated, gives a uniform permutation per repetition."""
+def _permutation(seed):
+    """(number, block) → the block in the stateless random order seeded by (seed, number)."""
     seed = tf.cast(seed, tf.int64)
 
     def permute(number, elements):
@@ -284,20 +281,38 @@ def shuffled(dataset, block, seed):
             tf.range(count), tf.stack([seed, number]), count - 1)
         return tf.nest.map_structure(lambda values: tf.gather(values, order), elements)
 
-    return dataset.batch(block).enumerate().map(permute).unbatch()
+    return permute
+
+
+def shuffled(dataset, block, seed):
+    """``dataset`` shuffled block by block: each run of ``block`` elements in a stateless random
+    order seeded by (``seed``, the block's number), so the order is a function of the seed
+    alone (``Dataset.shuffle`` takes no tensor seed).  A block of a whole finite dataset's
+    length, repeated, gives a uniform permutation per repetition."""
+    return dataset.batch(block).enumerate().map(_permutation(seed)).unbatch()
 
 
 def epoch_order(source, seed, epoch, shards=(1, 0), labels=False, skipped=None):
     """(root, items): epoch ``epoch``'s order of input pipeline ``shards`` = (count, index), a
     permutation of the shard seeded by (seed, epoch, index) followed by further ones (images
-    that stand in for bad files), and the root of its images' view seeds.  No file is read."""
+    that stand in for bad files), and the root of its images' view seeds.  No file is read.
+
+    A source that holds its shard as arrays (``Source.shard_arrays``: file names) permutes it
+    whole, as one tensor: the same order as block by block (``shuffled``), without passing its
+    elements one by one (6 s for 100,000 names on 2 loaded cores, at every epoch's start and
+    every resume; 0.5 s whole)."""
     seed = tf.cast(seed, tf.int64)
     root = tf.random.experimental.stateless_fold_in(
         tf.stack([seed, tf.cast(epoch, tf.int64)]), shards[1])
     order = tf.random.stateless_uniform([], root, maxval=tf.int64.max, dtype=tf.int64)
     buffer = source.shuffle_buffer(-(-len(source) // shards[0]))
-    items = shuffled(source.items(shards, labels=labels, seed=order, skipped=skipped).repeat(),
-                     buffer, order)
+    whole = source.shard_arrays(shards, labels)
+    if whole is not None and len(tf.nest.flatten(whole)[0]) == buffer:
+        items = tf.data.Dataset.from_tensors(whole).repeat().enumerate().map(
+            _permutation(order)).unbatch()
+    else:  # a block spans passes (shards of unequal sizes), or the source streams (records)
+        items = shuffled(source.items(shards, labels=labels, seed=order, skipped=skipped)
+                         .repeat(), buffer, order)
     return root, items
 
 
