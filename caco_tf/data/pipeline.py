@@ -248,14 +248,6 @@ def map_naming_failures(dataset, function, failed):
 
 
 # ---------------------------------------------------------------------------- pipelines
-def _first(first, second):
-    return first
-
-
-def _second(first, second):
-    return second
-
-
 def _as_source(images):
     if isinstance(images, Source):
         return images
