@@ -135,6 +135,8 @@ class StuckPeerWatchdog(keras.callbacks.Callback):
         self._thread = None
 
     def _start(self):
+        if self._thread is not None and self._stop.is_set():
+            self._thread.join()  # closed: it ends at once (its waits return on the stop)
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="stuck-peer-watchdog",
