@@ -16,7 +16,7 @@ from caco_tf.build import (build_model, build_views, check_sizes, health_sample,
                            online_probe_classes, precise_bn)
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
-from caco_tf.training import callbacks, distribute, interrupts, peers, precision, run_folder
+from caco_tf.training import callbacks, decisions, distribute, interrupts, peers, run_folder
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
@@ -104,28 +104,39 @@ def _run(config, folder, strategy, chief, verbose, stack):
         write_config()
         # else: once the backup is restored; a refused resume keeps the backup's config.yaml
 
-    policy, chosen_because = precision.resolve(config["train"]["precision"])
-    if chief and chosen_because:
-        print(f"precision: {policy} ({chosen_because})", flush=True)
-    with _dtype_policy(policy), strategy.scope():
+    # What each machine would resolve on its own (precision: auto, XLA) is decided once for
+    # the run and kept by its resumes.
+    timeout = config["distribute"]["collective_timeout_seconds"]
+    decided, note = decisions.decide(config, strategy, folder.read_decided() if backup else None,
+                                     timeout)
+    if note:
+        print(note, flush=True)
+    elif chief and decided["why"]:
+        print(f"precision: {decided['precision']} ({decided['why']})", flush=True)
+    with _dtype_policy(decided["precision"]), strategy.scope():
         model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
                             num_classes=probe_classes)
     if chief:
         check_space(folder, model)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
     skipped = data.SkippedFiles(list_path=folder.skipped_files if chief else None)
+    listed = data.listed_unreadable(folder.skipped_files) if chief and backup else []
     if chief:
         print(data.describe_inputs(train, held_out, folder.skipped_files), flush=True)
+    if chief and backup:  # the bad files met before the stop stay listed
+        skipped.relist(listed)
     # Epoch e is its own seeded pass over the images: a resumed run starts at the epoch and
-    # step it stopped at, with the images, order and views it would have had.  With the
-    # online probe the batches carry the labels, which only the probe reads; the views are
-    # the same.
+    # step it stopped at, with the images, order and views it would have had, reading from
+    # the place in the epoch's order its checkpoint recorded.  With the online probe the
+    # batches carry the labels, which only the probe reads; the views are the same.
+    position = data.StreamPosition()
     dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
         train, batch, views, seed=config["data"]["seed"], input_context=context,
         skipped=skipped, image_size=config["data"]["image_size"],
         channels=config["data"]["channels"], with_labels=probe_classes is not None,
         first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
-        steps_per_epoch=steps_per_epoch))
+        steps_per_epoch=steps_per_epoch, resume_at=backup.positions if backup else None,
+        position=position))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
         health_sample(config, views, train), steps_per_epoch, batch,
@@ -137,25 +148,21 @@ def _run(config, folder, strategy, chief, verbose, stack):
                               restored=write_config if chief and changes else None,
                               steps_per_epoch=steps_per_epoch,
                               every_minutes=config["train"]["checkpoint_every_minutes"],
-                              signals=signals, point=backup)
+                              signals=signals, point=backup, position=position,
+                              peer_timeout=timeout, decided=decided)
     loggers = _loggers(folder) if chief else []
-    stuck = peers.watchdog(strategy, config["distribute"]["collective_timeout_seconds"])
+    # Every wait on a peer is timed, the epoch's end and the evaluations included.
+    stuck = peers.watchdog(strategy, timeout)
     try:
-        with signals:
+        with signals, _lost_peers(strategy, model, stuck):
             model.fit(dataset, epochs=config["train"]["epochs"],
                       steps_per_epoch=steps_per_epoch,
                       shuffle=False,  # the dataset shuffles itself, once per epoch
                       verbose=verbose if chief else 0,
-                      callbacks=[callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
-                      + ([stuck] if stuck else [])
+                      callbacks=([stuck] if stuck else [])
+                      + [callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
                       + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
                       + [skipped.callback()])
-    except tf.errors.OpError as error:  # a lost peer, under a multi-worker strategy
-        lost = distribute.is_multi_worker(strategy) and peers.peer_error(
-            error, int(model.optimizer.iterations.numpy()), stuck)
-        if not lost:
-            raise
-        raise lost from None
     except Interrupted:
         for logger in loggers:
             if isinstance(logger, keras.callbacks.TensorBoard):
@@ -175,8 +182,10 @@ def _run(config, folder, strategy, chief, verbose, stack):
     results = {"epochs": config["train"]["epochs"],
                "replicas": int(strategy.num_replicas_in_sync), "caco_tf": __version__}
     if held_out is not None and train.has_labels:
-        results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
-                                       strategy)
+        with (stuck.watching("the end-of-run kNN evaluation") if stuck
+              else contextlib.nullcontext()), _lost_peers(strategy, model, stuck):
+            results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
+                                           strategy)
     if not chief:
         return {}
     # The whole model as Keras saves it, beside the weights checkpoint: keras.models.load_model
@@ -194,6 +203,22 @@ def _run(config, folder, strategy, chief, verbose, stack):
     except tf.errors.OpError as error:  # TensorFlow's own writes (the SavedModel's variables)
         raise write_error(error, writing) from None
     return results
+
+
+@contextlib.contextmanager
+def _lost_peers(strategy, model, stuck):
+    """TensorFlow's error about a lost peer (under a multi-worker strategy) as one
+    ``PeerError`` line naming it and where the run stood; the watchdog stops with the phase."""
+    try:
+        yield
+    except BaseException as error:
+        lost = (isinstance(error, tf.errors.OpError) and distribute.is_multi_worker(strategy)
+                and peers.peer_error(error, int(model.optimizer.iterations.numpy()), stuck))
+        if stuck is not None:
+            stuck.close()  # this worker stops here: nothing more to time
+        if not lost:
+            raise
+        raise lost from None
 
 
 def check_space(folder, model):

@@ -18,8 +18,8 @@ DEFAULT_CROP_FRACTION = 0.875
 # submodule (``images`` for serving) does not import the others (``pipeline`` needs keras).
 _EXPORTS = {
     "images": ["to_unit_float"],
-    "pipeline": ["SkippedFiles", "distribute", "eval_dataset", "looks_complete",
-                 "pretrain_dataset"],
+    "pipeline": ["SkippedFiles", "StreamPosition", "distribute", "epoch_order", "eval_dataset",
+                 "listed_unreadable", "looks_complete", "pretrain_dataset"],
     "sources": ["IMAGE_EXTENSIONS", "MNIST_TRAIN", "SOURCES", "ArraySource", "DataError",
                 "FileSource", "RecordSource", "Selection", "Source", "TFDSSource",
                 "balanced_subset", "convert_array_channels", "describe_inputs", "folder_source",

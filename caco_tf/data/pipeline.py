@@ -63,6 +63,16 @@ class SkippedFiles:
                     handle.write(f"{UNREADABLE}\t{name}\n")
         return np.int64(0)
 
+    def relist(self, names):
+        """List ``names`` again (a resumed run's earlier bad files, kept from the list that
+        ``describe_inputs`` rewrote), without counting them."""
+        with self._lock:
+            fresh = [name for name in names if name not in self._listed]
+            self._listed.update(fresh)
+            if self.list_path and fresh:
+                with open(self.list_path, "a") as handle:
+                    handle.writelines(f"{UNREADABLE}\t{name}\n" for name in fresh)
+
     def record_unnamed(self, count):
         count = int(count.numpy()) if hasattr(count, "numpy") else int(count)
         with self._lock:
@@ -88,6 +98,64 @@ class SkippedFiles:
         """A Keras callback that reports at the end of every epoch."""
         return keras.callbacks.LambdaCallback(
             on_epoch_end=lambda epoch, logs=None: self.report(f"epoch {epoch + 1}"))
+
+
+class StreamPosition:
+    """Where this process's input pipeline stands in each epoch's order, batch by batch: how
+    many items of the order it had consumed (bad ones included) when it yielded the epoch's
+    batch ``k``, and the bad items among them (number, name).  Deterministic (a function of the
+    data and the seeds, not of how far the pipeline read ahead), so a save after step ``k``
+    records exactly where a resume starts reading (``pretrain_dataset(resume_at=...)``)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ends, self._bad = {}, {}  # epoch -> {batch: items consumed}, {number: name}
+        self.pipeline = (1, 0)  # (input pipelines, this one's index): set by the pipeline
+
+    def batch_ended(self, epoch, batch, end):
+        """Called from the pipeline (``tf.py_function``) for each batch it yields."""
+        epoch, batch, end = (int(v.numpy()) if hasattr(v, "numpy") else int(v)
+                             for v in (epoch, batch, end))
+        with self._lock:
+            self._ends.setdefault(epoch, {})[batch] = end
+        return np.int64(0)
+
+    def forget(self, before):
+        """Drop the records of the epochs before ``before`` (training has left them)."""
+        with self._lock:
+            for epoch in [e for e in set(self._ends) | set(self._bad) if e < before]:
+                self._ends.pop(epoch, None)
+                self._bad.pop(epoch, None)
+
+    def bad_item(self, epoch, number, name):
+        """Called from the pipeline for each bad item of an epoch's order."""
+        name = name.numpy().decode("utf-8", "replace") if hasattr(name, "numpy") else str(name)
+        epoch, number = (int(v.numpy()) if hasattr(v, "numpy") else int(v)
+                         for v in (epoch, number))
+        with self._lock:
+            self._bad.setdefault(epoch, {})[number] = name
+        return np.int64(0)
+
+    def at(self, epoch, steps):
+        """{"items": consumed, "bad": [[number, name], ...]} after the epoch's first ``steps``
+        batches, or None when this pipeline has not yielded them (or records nothing: arrays)."""
+        with self._lock:
+            end = self._ends.get(int(epoch), {}).get(int(steps) - 1)
+            if end is None:
+                return None
+            bad = sorted((n, name) for n, name in self._bad.get(int(epoch), {}).items()
+                         if n < end)
+        return {"items": int(end), "bad": [[int(n), name] for n, name in bad]}
+
+
+def listed_unreadable(path):
+    """The files a ``skipped_files.txt`` lists as unreadable (met by the pipelines), in order."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return [line.rstrip("\n").split("\t", 1)[1] for line in handle
+                    if line.startswith(f"{UNREADABLE}\t")]
+    except OSError:
+        return []
 
 
 def looks_complete(contents):
@@ -180,14 +248,6 @@ def map_naming_failures(dataset, function, failed):
 
 
 # ---------------------------------------------------------------------------- pipelines
-def _first(first, second):
-    return first
-
-
-def _second(first, second):
-    return second
-
-
 def _as_source(images):
     if isinstance(images, Source):
         return images
@@ -203,11 +263,8 @@ def _shards(input_context):
 LAST_EPOCH = 2 ** 40  # the pipeline's passes run until training stops reading
 
 
-def shuffled(dataset, block, seed):
-    """``dataset`` shuffled block by block: each run of ``block`` elements in a stateless random
-    order seeded by (``seed``, the block's number), so the order is a function of the seed
-    alone (``Dataset.shuffle`` takes no tensor seed).  A block of a whole finite dataset's
-    length, repeated, gives a uniform permutation per repetition."""
+def _permutation(seed):
+    """(number, block) → the block in the stateless random order seeded by (seed, number)."""
     seed = tf.cast(seed, tf.int64)
 
     def permute(number, elements):
@@ -216,12 +273,44 @@ def shuffled(dataset, block, seed):
             tf.range(count), tf.stack([seed, number]), count - 1)
         return tf.nest.map_structure(lambda values: tf.gather(values, order), elements)
 
-    return dataset.batch(block).enumerate().map(permute).unbatch()
+    return permute
+
+
+def shuffled(dataset, block, seed):
+    """``dataset`` shuffled block by block: each run of ``block`` elements in a stateless random
+    order seeded by (``seed``, the block's number), so the order is a function of the seed
+    alone (``Dataset.shuffle`` takes no tensor seed).  A block of a whole finite dataset's
+    length, repeated, gives a uniform permutation per repetition."""
+    return dataset.batch(block).enumerate().map(_permutation(seed)).unbatch()
+
+
+def epoch_order(source, seed, epoch, shards=(1, 0), labels=False, skipped=None):
+    """(root, items): epoch ``epoch``'s order of input pipeline ``shards`` = (count, index), a
+    permutation of the shard seeded by (seed, epoch, index) followed by further ones (images
+    that stand in for bad files), and the root of its images' view seeds.  No file is read.
+
+    A source that holds its shard as arrays (``Source.shard_arrays``: file names) permutes it
+    whole, as one tensor: the same order as block by block (``shuffled``), without passing its
+    elements one by one (6 s for 100,000 names on 2 loaded cores, at every epoch's start and
+    every resume; 0.5 s whole)."""
+    seed = tf.cast(seed, tf.int64)
+    root = tf.random.experimental.stateless_fold_in(
+        tf.stack([seed, tf.cast(epoch, tf.int64)]), shards[1])
+    order = tf.random.stateless_uniform([], root, maxval=tf.int64.max, dtype=tf.int64)
+    buffer = source.shuffle_buffer(-(-len(source) // shards[0]))
+    whole = source.shard_arrays(shards, labels)
+    if whole is not None and len(tf.nest.flatten(whole)[0]) == buffer:
+        items = tf.data.Dataset.from_tensors(whole).repeat().enumerate().map(
+            _permutation(order)).unbatch()
+    else:  # a block spans passes (shards of unequal sizes), or the source streams (records)
+        items = shuffled(source.items(shards, labels=labels, seed=order, skipped=skipped)
+                         .repeat(), buffer, order)
+    return root, items
 
 
 def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skipped=None,
                      image_size=None, channels=None, with_labels=False, first_epoch=0,
-                     steps_per_epoch=None, first_step=0):
+                     steps_per_epoch=None, first_step=0, resume_at=None, position=None):
     """An endless stream of view batches, epoch by epoch: epoch e is its own pass over the
     images, a permutation seeded by (seed, e), of ``steps_per_epoch`` full batches (the rest
     of the pass is dropped, as PyTorch's ``drop_last``).
@@ -232,10 +321,16 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
     stopped (a resume) with exactly the images, order and views it would have had, and
     ``first_step`` starts that epoch after its first ``first_step`` batches (a resume inside an
     epoch).  Bad files are skipped within their epoch and replaced by further images of the
-    same epoch's order.  Starting inside an epoch passes over its first images without
-    augmenting them; files are read and checked (not decoded) to count the bad ones among
-    them, so the stream is the uninterrupted one's unless a file that passed the check failed
-    to decode there.
+    same epoch's order.
+
+    A resume inside an epoch of files or records starts reading where the stopped stream
+    stood: ``resume_at`` (one entry per input pipeline, ``StreamPosition.at`` as the checkpoint
+    recorded it) says how many items of the epoch's order it had consumed, bad ones included,
+    and which were bad; the stream starts at that item and no image before it is read (the
+    bad ones are counted again in ``skipped``).  Without it (checkpoints of caco_tf 0.3.0
+    and earlier, or another number of input pipelines) the files before the resume point are
+    read and checked, not decoded, to count the bad ones among them.  ``position``: a
+    ``StreamPosition`` that records where the stream stands after each batch.
 
     ``images``: a uint8 array [N, H, W, C] or a source (``load_source``).  ``views``: per-image
     views (``augment.ImageViews``: decoding and every view in one parallel map, then batches)
@@ -262,9 +357,18 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
         raise DataError(f"batch size {batch} is larger than the data set ({available} images"
                         f"{' in this shard' if shards[0] > 1 else ''})")
     steps = int(steps_per_epoch or available // batch)
-    buffer = source.shuffle_buffer(-(-len(source) // shards[0]))
     per_image = getattr(views, "per_image", isinstance(views, augment.ImageViews))
-    seed_tensor = tf.constant(seed, tf.int64)
+    if position is not None:
+        position.pipeline = shards
+    # Where this pipeline's stream stood when the resumed epoch was stopped, if recorded.
+    start = (resume_at[shards[1]] if source.encoded and first_step and resume_at is not None
+             and len(resume_at) == shards[0] else None)
+    if start is not None:
+        for number, name in start["bad"]:  # the epoch's bad files before it: counted as met
+            if skipped is not None:
+                skipped.record(name)
+            if position is not None:
+                position.bad_item(first_epoch, number, name)
 
     def carrying(function):
         """``function`` of (number, item) applied to (number, (item, label)) elements when the
@@ -283,22 +387,18 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
         empty = tf.zeros([size, size, channels])
 
     def one_epoch(epoch):
-        # Batches and images of this epoch done before a resume: passed over, not prepared.
-        skip_batches = tf.where(epoch == int(first_epoch), tf.constant(int(first_step),
-                                                                       tf.int64), 0)
-        skip_images = skip_batches * batch
-        # (seed, epoch, shard): this epoch's order, and the root of its images' view seeds.
-        root = tf.random.experimental.stateless_fold_in(tf.stack([seed_tensor, epoch]),
-                                                        shards[1])
-        order = tf.random.stateless_uniform([], root, maxval=tf.int64.max, dtype=tf.int64)
+        # Batches of this epoch done before a resume: passed over, not prepared.
+        resumed = epoch == int(first_epoch)
+        skip_batches = tf.where(resumed, tf.constant(int(first_step), tf.int64), 0)
+        # Items of its order passed over: read and checked (below) unless the position is known.
+        first_item = tf.where(resumed, tf.constant(start["items"] if start else 0, tf.int64), 0)
+        skip_images = skip_batches * batch if start is None else tf.constant(0, tf.int64)
+        root, items = epoch_order(source, seed, epoch, shards, labels=with_labels,
+                                  skipped=skipped)
 
         def number_seed(number):
             return tf.random.experimental.stateless_fold_in(root, number)
 
-        # Beyond its first permutation the epoch's stream goes on with further ones: images
-        # that stand in for bad files, never more than the epoch needs.
-        items = shuffled(source.items(shards, labels=with_labels, seed=order,
-                                      skipped=skipped).repeat(), buffer, order)
         if not per_image and not source.encoded:
             # Batch views of arrays: the path the offline default takes.
             dataset = items.batch(batch, drop_remainder=True).take(steps).enumerate()
@@ -324,25 +424,46 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
                     return empty, check(*item)
 
                 prepared, ok = tf.cond(number < skip_images, check_only, full)
-                return number, ((prepared, label) if with_labels else prepared, ok)
+                return number, ((prepared, label) if with_labels else prepared, ok, item[1])
 
             def failed(number, element):  # the decoding or the views raised
                 item, label = element if with_labels else (element, None)
                 bad = _recorded(skipped, item[1], tf.constant(False))
-                return number, ((empty, label) if with_labels else empty, bad)
+                return number, ((empty, label) if with_labels else empty, bad, item[1])
 
-            dataset = map_naming_failures(items.enumerate(), prepare_encoded, failed)
-            dataset = count_gaps(dataset, skipped)
-            dataset = dataset.filter(_second).map(_first).skip(skip_images)
+            def noted(number, element):  # a bad item: where it was, for the resume point
+                prepared, ok, name = element
+                if position is not None:
+                    mark = tf.cond(ok, lambda: tf.constant(0, tf.int64), lambda: tf.py_function(
+                        position.bad_item, [epoch, number, name], tf.int64))
+                    with tf.control_dependencies([mark]):
+                        ok = tf.identity(ok)
+                return number, (prepared, ok)
+
+            numbered = items.enumerate().skip(first_item)  # passed over unread
+            dataset = map_naming_failures(numbered, prepare_encoded, failed)
+            dataset = count_gaps(dataset, skipped, first=first_item, numbered=True).map(noted)
+            dataset = dataset.filter(lambda number, element: element[1]).map(
+                lambda number, element: (number, element[0])).skip(skip_images)
         else:
             dataset = items.enumerate().skip(skip_images).map(
-                carrying(prepare), num_parallel_calls=tf.data.AUTOTUNE)
-        dataset = dataset.batch(batch, drop_remainder=True).take(steps - skip_batches)
-        if not per_image:
-            dataset = dataset.enumerate(start=skip_batches).map(
-                carrying(lambda number, images: views(images, number_seed(number))),
+                lambda number, element: (number, carrying(prepare)(number, element)),
                 num_parallel_calls=tf.data.AUTOTUNE)
-        return dataset
+        dataset = dataset.batch(batch, drop_remainder=True).take(steps - skip_batches)
+
+        def finish(number, element):  # the batch's number in the epoch, (item numbers, batch)
+            numbers, images = element
+            if position is not None:
+                mark = tf.py_function(position.batch_ended, [epoch, number, numbers[-1] + 1],
+                                      tf.int64)
+                with tf.control_dependencies([mark]):
+                    images = tf.nest.map_structure(tf.identity, images)
+            if not per_image:
+                images = carrying(lambda n, x: views(x, number_seed(n)))(number, images)
+            return images
+
+        return dataset.enumerate(start=skip_batches).map(finish,
+                                                         num_parallel_calls=tf.data.AUTOTUNE)
 
     epochs = tf.data.Dataset.range(int(first_epoch), LAST_EPOCH)
     return epochs.flat_map(one_epoch).prefetch(tf.data.AUTOTUNE)

@@ -134,6 +134,11 @@ class Source:
     def load(item):
         return item
 
+    def shard_arrays(self, shards=(1, 0), labels=False):
+        """The elements ``items`` gives, as arrays of the whole shard in order, or None when
+        the source streams them (records)."""
+        return None
+
 
 def _shard(dataset, shards):
     return dataset.shard(*shards) if shards[0] > 1 else dataset
@@ -181,6 +186,13 @@ class FileSource(Source):
             return _shard(dataset, shards).map(lambda path, label: ((path, path), label))
         return _shard(tf.data.Dataset.from_tensor_slices(self.paths), shards).map(
             lambda path: (path, path))
+
+    def shard_arrays(self, shards=(1, 0), labels=False):
+        """(path, path) (and labels) of the shard, as ``items`` gives them one by one."""
+        paths = np.asarray(self.paths)[shards[1]::shards[0]]
+        if labels:
+            return (paths, paths), _labelled(self)[shards[1]::shards[0]]
+        return paths, paths
 
     def ordered(self):
         labels = self.labels if self.has_labels else np.full(len(self), -1, np.int64)
@@ -312,8 +324,9 @@ class TFDSSource(Source):
         return self._read(self.split).map(pair)
 
 
-def count_gaps(dataset, skipped):
-    """(number, payload) elements → payload, counting the numbers that ``ignore_errors`` dropped."""
+def count_gaps(dataset, skipped, first=0, numbered=False):
+    """(number, payload) elements → payload, counting the numbers that ``ignore_errors`` dropped
+    (numbers start at ``first``); ``numbered``: (number, payload) elements, as they came."""
 
     def step(last, element):
         number, payload = element
@@ -324,9 +337,9 @@ def count_gaps(dataset, skipped):
                               lambda: tf.constant(0, tf.int64))
             with tf.control_dependencies([counted]):
                 number = tf.identity(number)
-        return number, payload
+        return number, (number, payload) if numbered else payload
 
-    return dataset.scan(tf.constant(-1, tf.int64), step)
+    return dataset.scan(tf.cast(first, tf.int64) - 1, step)
 
 
 def _without_bad_records(elements, skipped):

@@ -8,7 +8,7 @@ The linear protocol is in ``linear.py``; both on a run folder in ``protocols.py`
 import numpy as np
 import tensorflow as tf
 
-from caco_tf.training import distribute
+from caco_tf.training import distribute, peers
 
 
 def extract_features(backbone, dataset, normalize=True, strategy=None):
@@ -89,6 +89,7 @@ def distributed_features(backbone, eval_set, strategy, normalize=True):
     features, labels = [], []
     iterator = iter(batches)
     for _ in range(steps):
+        peers.progress()  # each gather is a wait on every worker: the watchdog times each
         batch_features, batch_labels = step(next(iterator))
         features.append(batch_features.numpy())
         labels.append(batch_labels.numpy())

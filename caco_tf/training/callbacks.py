@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from caco_tf import __version__, health
 from caco_tf.nets import layers
+from caco_tf.training import peers
 from caco_tf.training.config import ConfigError
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, link_atomically, read_history,
@@ -84,13 +85,22 @@ class Resume(keras.callbacks.Callback):
       signals: the ``StopSignals`` whose signal stops the run after a save.
       point: the resume point when the caller has read it already (``RunFolder.read_backup``:
         a second read would checksum the checkpoint and warn of a damaged one again).
+      position: the input pipeline's ``data.StreamPosition``: a save inside an epoch records
+        every pipeline's place in the epoch's order (the chief gathers the workers' through
+        the coordination service), from which a resume starts reading.
+      peer_timeout: seconds the chief waits for a worker's place (None or 0: for ever; the
+        stuck-peer watchdog still guards the wait).
+      decided: what the run decided from its machines (``decisions.decide``), recorded with
+        every save.
     """
 
     _UNREAD = object()
 
     def __init__(self, run_dir, writer=True, changes=(), restored=None, steps_per_epoch=None,
-                 every_minutes=None, signals=None, point=_UNREAD):
+                 every_minutes=None, signals=None, point=_UNREAD, position=None,
+                 peer_timeout=None, decided=None):
         super().__init__()
+        self.position, self.peer_timeout, self.decided = position, peer_timeout, decided
         self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         self.writer, self.changes, self.restored = writer, tuple(changes), restored
         self.steps_per_epoch = steps_per_epoch
@@ -142,6 +152,8 @@ class Resume(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        if self.position is not None:
+            self.position.forget(epoch)
         if self._metrics:  # the resumed epoch's sums (Keras has just reset the trackers)
             for metric in self.model.metrics:
                 for variable, value in zip(metric.variables, self._metrics.get(metric.name, ())):
@@ -197,9 +209,29 @@ class Resume(keras.callbacks.Callback):
         # Read on every worker (a distributed metric's value may be a collective).
         metrics = ({metric.name: [np.asarray(v.numpy()).tolist() for v in metric.variables]
                     for metric in self.model.metrics} if step else None)
+        positions = self._positions(epoch, step)
         if self.writer:
-            self.folder.write_backup(self.model, epoch, step, self.steps_per_epoch, metrics)
+            self.folder.write_backup(self.model, epoch, step, self.steps_per_epoch, metrics,
+                                     positions, self.decided)
         self._saved_at = time.monotonic()
+
+    def _positions(self, epoch, step):
+        """Every input pipeline's place in the epoch's order after its first ``step`` batches,
+        on the writer (None elsewhere, at an epoch's end, or when one is unknown)."""
+        if self.position is None or not step:
+            return None
+        own = self.position.at(epoch, step)
+        count, index = self.position.pipeline
+        if count == 1:
+            return [own] if own is not None else None
+        key = f"caco_tf/position/{int(self.model.optimizer.iterations.numpy())}"
+        peers.share(f"{key}/{index}", own)
+        if not self.writer:
+            return None
+        places = [own if pipeline == index else peers.fetch(f"{key}/{pipeline}",
+                                                            self.peer_timeout)
+                  for pipeline in range(count)]
+        return None if any(place is None for place in places) else places
 
     def stop(self, epoch, step):
         """Raise ``Interrupted``: the run stopped at ``epoch``, ``step`` on a signal."""
@@ -396,7 +428,7 @@ class HealthMonitor(keras.callbacks.Callback):
         if self._encode is None:  # compiled: run eagerly, the passes cost ~1.3 s an epoch offline
             self._encode = tf.function(self.model.features_and_embeddings)
         features, embeddings = [], []
-        for batch in self.sample:
+        for batch in peers.ticking(self.sample):  # a long pass: the watchdog times each batch
             batch_features, batch_embeddings = self._encode(
                 batch[0] if isinstance(batch, tuple) else batch)
             features.append(tf.cast(batch_features, tf.float32))
@@ -425,4 +457,5 @@ class PreciseBatchNorm(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if self.params and epoch + 1 == self.params.get("epochs"):
-            layers.recalibrate_batchnorm(self.backbone or self.model.backbone, self.data)
+            layers.recalibrate_batchnorm(self.backbone or self.model.backbone,
+                                         peers.ticking(self.data))

@@ -143,10 +143,12 @@ def is_chief(strategy=None):
     if not is_multi_worker(strategy):
         return True
     resolver = strategy.cluster_resolver
-    if resolver.task_type == "chief":
-        return True
-    has_chief = "chief" in resolver.cluster_spec().as_dict()
-    return not has_chief and resolver.task_type == "worker" and resolver.task_id == 0
+    return is_chief_task(resolver.task_type, resolver.task_id, resolver.cluster_spec().as_dict())
+
+
+def is_chief_task(job, index, cluster):
+    """Whether task ``index`` of ``job`` is the chief of ``cluster`` ({job: [addresses]})."""
+    return job == "chief" or ("chief" not in cluster and job == "worker" and index == 0)
 
 
 def reducible(logs):

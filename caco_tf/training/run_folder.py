@@ -59,9 +59,12 @@ class WriteError(RunFolderError):
 
 
 # A resume point: ``epoch`` finished epochs, plus ``step`` steps of the next one (0: at an
-# epoch's end); ``metrics``: the metric trackers' state inside that epoch ({name: [values]}).
+# epoch's end); ``metrics``: the metric trackers' state inside that epoch ({name: [values]});
+# ``positions``: each input pipeline's place in that epoch's order (``data.StreamPosition.at``),
+# None when not recorded (arrays, an epoch's end, caco_tf 0.3.0 and earlier).
 ResumePoint = collections.namedtuple(
-    "ResumePoint", "epoch step weights steps_per_epoch metrics iterations version")
+    "ResumePoint", "epoch step weights steps_per_epoch metrics iterations version positions",
+    defaults=(None,))
 
 
 class RunFolder:
@@ -174,7 +177,8 @@ class RunFolder:
                 return ResumePoint(int(entry["epoch"]), int(entry.get("step", 0)),
                                    os.path.join(self.backup, entry["weights"]),
                                    entry.get("steps_per_epoch"), entry.get("metrics") or {},
-                                   entry.get("iterations"), entry.get("version"))
+                                   entry.get("iterations"), entry.get("version"),
+                                   entry.get("positions"))
             damaged.append((os.path.join(self.backup, entry["weights"]), reason))
         if not damaged:
             return None
@@ -210,6 +214,16 @@ class RunFolder:
             raise self._damaged_metadata(path, reason) from None
         return entries
 
+    def read_decided(self):
+        """What the run decided from its machines (``training_metadata.json``'s ``decided``:
+        {setting: value}), or {} before its first save."""
+        try:
+            with open(os.path.join(self.backup, METADATA)) as handle:
+                decided = json.load(handle).get("decided") or {}
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return decided if isinstance(decided, dict) else {}
+
     def _damaged_metadata(self, path, reason):
         return RunFolderError(
             f"cannot read {path}: {reason}; it says which checkpoint of {self.backup} to resume "
@@ -228,10 +242,13 @@ class RunFolder:
             return "its checksum does not match"
         return None
 
-    def write_backup(self, model, epoch, step, steps_per_epoch, metrics=None):
+    def write_backup(self, model, epoch, step, steps_per_epoch, metrics=None, positions=None,
+                     decided=None):
         """Save the full training state as the newest resume point: ``epoch`` finished epochs
-        and ``step`` steps of the next.  A failed write raises ``WriteError`` and leaves the
-        previous resume point as it was."""
+        and ``step`` steps of the next, with each input pipeline's place in the epoch's order
+        (``positions``, see ``ResumePoint``) and what the run decided from its machines
+        (``decided``: kept from the previous metadata when None).  A failed write raises
+        ``WriteError`` and leaves the previous resume point as it was."""
         iterations = int(model.optimizer.iterations.numpy())
         name = f"state-{iterations:010d}.weights.h5"
         final = os.path.join(self.backup, name)
@@ -245,11 +262,17 @@ class RunFolder:
                      "bytes": len(state), "crc32": zlib.crc32(state),
                      "metrics": metrics or {}, "version": __version__,
                      "saved": datetime.datetime.now().isoformat(timespec="seconds")}
+            if positions is not None:
+                entry["positions"] = positions
             os.replace(partial, final)
             previous = [e for e in (self._entries() or []) if e["weights"] != name]
             entries = [entry] + [e for e in previous
                                  if os.path.exists(os.path.join(self.backup, e["weights"]))][:KEPT - 1]
-            write_json_atomically(os.path.join(self.backup, METADATA), {"checkpoints": entries})
+            metadata = {"checkpoints": entries}
+            decided = decided if decided is not None else self.read_decided()
+            if decided:
+                metadata["decided"] = decided
+            write_json_atomically(os.path.join(self.backup, METADATA), metadata)
         except OSError as error:
             _remove_quietly(partial)
             raise WriteError(_write_message(*_failure(error, final),
@@ -293,7 +316,8 @@ def read_history(path):
 # What each field of a checkpoint's entry in training_metadata.json holds (None: may be absent).
 _ENTRY_FIELDS = {"epoch": int, "step": (int, None), "iterations": (int, None),
                  "weights": str, "steps_per_epoch": (int, None), "bytes": (int, None),
-                 "crc32": (int, None), "metrics": (dict, None), "version": (str, None)}
+                 "crc32": (int, None), "metrics": (dict, None), "version": (str, None),
+                 "positions": (list, None)}
 
 
 def _check_entry(entry):
@@ -311,6 +335,13 @@ def _check_entry(entry):
             raise ValueError(f"a checkpoint's {field!r} is {value!r}")
     if os.path.basename(entry["weights"]) != entry["weights"] or entry["weights"] in ("", ".."):
         raise ValueError(f"a checkpoint's 'weights' is {entry['weights']!r}, not a file name")
+    for position in entry.get("positions") or ():
+        if not (isinstance(position, dict) and isinstance(position.get("items"), int)
+                and position["items"] >= 0 and isinstance(position.get("bad"), list) and all(
+                    isinstance(bad, list) and len(bad) == 2 and isinstance(bad[0], int)
+                    and isinstance(bad[1], str) for bad in position["bad"])):
+            raise ValueError(f"a checkpoint's stream position {position!r} is not "
+                             f"{{'items': count, 'bad': [[number, name], ...]}}")
     for name, values in (entry.get("metrics") or {}).items():
         if not (isinstance(values, list) and all(isinstance(v, (int, float, list))
                                                  for v in values)):
