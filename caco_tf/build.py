@@ -84,8 +84,11 @@ def method_arguments(config, steps_per_epoch, total_steps):
 
 def build_views(config):
     """The views ``data.views`` names (``caco_tf.data.augment``), at the configured sizes, with
-    ``data.extra_layers`` appended to every view."""
+    ``data.extra_layers`` appended to every view; with ``data.views_on_device``, split between
+    the input pipeline and the train step (``augment.ColourOnDevice``)."""
     views = _named_views(config)
+    if config["data"]["views_on_device"]:  # the configuration refuses extra layers with it
+        return augment.ColourOnDevice(views)
     extra = config["data"]["extra_layers"]
     if not extra:
         return views
@@ -145,6 +148,8 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
         online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
         multi_crop=multi_crop, sync_batchnorm=sync, preprocessing=preprocessing(config),
         run_settings=config)
+    if config["data"]["views_on_device"]:  # the batches' views arrive cropped, with their draws
+        model.views_on_device = build_views(config)
     model.compile(
         optimizer=optimizers.build_encoder_optimizer(
             train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,

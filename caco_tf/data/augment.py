@@ -423,14 +423,21 @@ def _colour_view_function(recipe, channels, mean, std, unit, jit_compile):
         jit_compile=jit_compile, autograph=False)
 
 
-def augment_view(image, seed, recipe, mean, std):
-    """One view of ``image`` (uint8 or [0, 1] float, [H, W, C]): normalized float32 [S, S, C]."""
-    channels = image.shape[-1]
-    unit = 1.0 / 255.0 if image.dtype == tf.uint8 else 1.0
+def cropped_view(image, seed, recipe):
+    """A view's crop (+flip), float32 [S, S, C] in the image's pixel units, and its uniform
+    draws [11] (``colour_view`` reads the rest of them): everything ``seed`` decides."""
     draws = tf.random.stateless_uniform([_DRAWS], seed=seed)
     crop_seed = tf.random.experimental.stateless_fold_in(seed, _CROP_SEED)
     view = resized_crop(image, crop_seed, recipe.size, recipe.scale, recipe.ratio,
                         flip=draws[_FLIP] < recipe.flip_probability)
+    return view, draws
+
+
+def augment_view(image, seed, recipe, mean, std):
+    """One view of ``image`` (uint8 or [0, 1] float, [H, W, C]): normalized float32 [S, S, C]."""
+    channels = image.shape[-1]
+    unit = 1.0 / 255.0 if image.dtype == tf.uint8 else 1.0
+    view, draws = cropped_view(image, seed, recipe)
     finish = _colour_view_function(recipe, channels, tuple(mean), tuple(std), unit,
                                    bool(JIT_COMPILE))
     return finish(view, draws)
@@ -533,6 +540,66 @@ class MultiCropViews(ImageViews):
             (ViewRecipe(size=self.size, scale=tuple(global_scale), **common),) * 2
             + (ViewRecipe(size=self.local_size, scale=tuple(local_scale), **common),)
             * int(local_crops))
+
+
+class ColourOnDevice:
+    """Colour ``views`` split between the input pipeline and the train step
+    (``data.views_on_device``).
+
+    The pipeline decodes, crops and flips each view (``augment_image``) and ships it with its
+    draws, ``{"pixels": [S, S, C] float32 in 0-255 units, "draws": [11]}``; the model's step
+    runs each view's ``colour_view`` on the batch (``colour``).  The seeds and draws are the
+    CPU path's, so the views are the same up to float32 rounding.
+    """
+
+    per_image = True
+
+    def __init__(self, views):
+        if not isinstance(views, ImageViews):
+            raise TypeError(f"ColourOnDevice takes colour views (ImageViews), got "
+                            f"{type(views).__name__}")
+        self.views = views
+        self.recipes, self.channels, self.size = views.recipes, views.channels, views.size
+        self.mean, self.std = views.mean, views.std
+
+    @property
+    def num_views(self):
+        return self.views.num_views
+
+    def augment_image(self, image, seed):
+        """Every view of one image, cropped and flipped, with its draws (``ImageViews``'s seeds)."""
+        if image.dtype != tf.uint8:  # [0, 1] floats: shipped in pixel units, as decoded images
+            image = tf.cast(image, tf.float32) * 255.0
+        return tuple(self._shipped(*cropped_view(
+            image, tf.random.experimental.stateless_fold_in(seed, index), recipe))
+            for index, recipe in enumerate(self.recipes))
+
+    def empty(self, channels):
+        """What the pipeline ships for an image it drops (a bad file): zeros of every view."""
+        return tuple(self._shipped(tf.zeros([r.size, r.size, channels]), tf.zeros([_DRAWS]))
+                     for r in self.recipes)
+
+    @staticmethod
+    def _shipped(pixels, draws):
+        return {"pixels": pixels, "draws": draws}
+
+    def colour(self, crops):
+        """The views' colour work on a batch of shipped views: normalized float32 [B, S, S, C]
+        per view.  Image by image (``tf.map_fn``): the blur's mirrored padding has no
+        vectorized form (``tf.vectorized_map``)."""
+        views = []
+        for crop, recipe in zip(crops, self.recipes):
+            finish = _colour_view_function(recipe, self.channels, self.mean, self.std,
+                                           1.0 / 255.0, bool(JIT_COMPILE))
+            views.append(tf.map_fn(
+                lambda args, finish=finish: finish(*args),
+                (tf.cast(crop["pixels"], tf.float32), crop["draws"]),
+                fn_output_signature=tf.TensorSpec([recipe.size, recipe.size, self.channels],
+                                                  tf.float32)))
+        return tuple(views)
+
+    def normalize(self, images):
+        return self.views.normalize(images)
 
 
 # ---------------------------------------------------------------------------------------------

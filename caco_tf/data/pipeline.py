@@ -335,7 +335,8 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
     ``images``: a uint8 array [N, H, W, C] or a source (``load_source``).  ``views``: per-image
     views (``augment.ImageViews``: decoding and every view in one parallel map, then batches)
     or batch views (``augment.DigitViews``: batches of equal-size images; files are decoded and
-    resized to ``image_size`` first).
+    resized to ``image_size`` first).  ``augment.ColourOnDevice`` views: each view cropped and
+    flipped, with its draws, for the model's step to finish (``data.views_on_device``).
 
     ``input_context`` (from ``distribute``): read this pipeline's shard and yield per-replica
     batches of ``batch_size`` divided among the replicas.  ``skipped`` counts bad files.
@@ -380,7 +381,9 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
     channels = channels or (views.channels if per_image else 1)
     decode = _decoder(source, channels, skipped) if source.encoded else None
     check = _checker(source, skipped) if source.encoded else None
-    if per_image:
+    if isinstance(views, augment.ColourOnDevice):  # each view ships its crop and its draws
+        empty = views.empty(channels)
+    elif per_image:
         empty = tuple(tf.zeros([r.size, r.size, channels]) for r in views.recipes)
     else:
         size = image_size or 28

@@ -94,6 +94,9 @@ class Method(keras.Model):
     EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
     FORWARD_BY_RESOLUTION = False  # crops of one size pass the backbone together (SwAV, DINO)
     DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
+    # ``augment.ColourOnDevice`` (``data.views_on_device``): the views' colour work, run at the
+    # start of the step on batches of cropped views and their draws; None: finished views.
+    views_on_device = None
     COLLAPSE_ADVICE = ("lower the learning rate (train.learning_rate) or lengthen its warm-up "
                        "(train.lr_warmup_epochs)")
 
@@ -293,6 +296,8 @@ class Method(keras.Model):
         diagnostics only (evaluation: inference mode, nothing updated)."""
         hooks = phase.hooks
         crops, labels = _crops(data), _labels(data)
+        if self.views_on_device is not None:
+            crops = self.views_on_device.colour(crops)
         if len(crops) > 2 and not self.MULTI_CROP:
             raise ValueError(f"method {self.method!r} takes two views, got {len(crops)} crops")
         step = self.optimizer.iterations

@@ -354,6 +354,11 @@ CORE_SETTINGS = {
         "Keras preprocessing layers appended to every view, on its [0, 1] pixels: "
         "[{layer: RandomContrast, factor: 0.2, value_range: [0, 1]}] (a Keras layer's name or a "
         "dotted path, then its arguments; augment.WithLayers)"),
+    "data.views_on_device": Setting(
+        False, boolean(),
+        "colour views: the input pipeline decodes, crops and flips each view; its colour "
+        "jitter, grayscale, blur, solarization and normalization run in the compiled train step "
+        "(the same views for the same seeds)"),
     # data.views multicrop: SwAV's 2×224 + 6×96.
     "data.multicrop.local_size": Setting(
         96, integer(1, 4096), "multicrop: the side of the local crops"),
@@ -634,6 +639,14 @@ def _validate(config):
     if data["views"] == "multicrop" and method["name"] not in multi_crop:
         raise ConfigError(f"method.name {method['name']} takes two views; data.views "
                           f"multicrop works with method.name {', '.join(multi_crop)}")
+    if data["views_on_device"] and data["views"] == "digits":
+        raise ConfigError("data.views_on_device applies to the colour views (asymmetric, "
+                          "symmetric, multicrop), not to data.views digits: set "
+                          "data.views_on_device false or choose colour views")
+    if data["views_on_device"] and data["extra_layers"]:
+        raise ConfigError(f"data.views_on_device cannot run data.extra_layers in the train step "
+                          f"(got {len(data['extra_layers'])} layers): set data.extra_layers [] "
+                          f"or data.views_on_device false")
     if model["widths"] is not None and model["backbone"] != "small_convnet":
         raise ConfigError(f"model.widths applies to small_convnet only, not to "
                           f"model.backbone {model['backbone']}")
