@@ -11,11 +11,11 @@ From ``--images`` generated JPEGs of ImageNet-like size (500×375 and 375×500, 
 - with ``data.views_on_device`` (``augment.ColourOnDevice``): decode, crops and flips only;
   the colour work is left to the train step, on the accelerator, and is not timed here;
 
-for the asymmetric two views and multi-crop (2 × size + 6 × 96, or × size below 96).  Each figure is the median
-over ``--repeats`` rounds; in every round the pipelines run one after the other (interleaved),
-each from a fresh iterator, timing ``--batches`` batches after the first, so that a machine
-shared with other jobs loads them alike.  Per core: images/second divided by the cores this
-process may use (``nproc``), which the pipeline's parallel map spreads over.
+for the asymmetric two views and multi-crop (2 × size + 6 × 96, or 6 × size below 96).  Each
+figure is the median over ``--repeats`` rounds; in every round the pipelines run one after the
+other (interleaved), each from a fresh iterator, timing ``--batches`` batches after the first,
+so that a machine shared with other jobs loads them alike.  Per core: images/second divided by
+the cores this process may use (``nproc``), over which the pipeline's parallel map spreads.
 Writes (or replaces) its section of BENCHMARKS.md (``--output``).
 """
 
