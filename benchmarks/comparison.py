@@ -3,6 +3,7 @@
     python benchmarks/comparison.py                 # tune on validation, then 3 seeds held out
     python benchmarks/comparison.py --stage tune    # the validation trials only
     python benchmarks/comparison.py --report-only   # the table from what is cached
+    python benchmarks/comparison.py --epochs 5      # the short budget: tuned by the 5-epoch screen
 
 Every method trains with ``train.py`` on ``configs/mnist.yaml``'s budget (the same backbone,
 projector widths, views, batch 16, 40 epochs, encoder optimizer), only its own section
@@ -14,6 +15,11 @@ seeds 0-2 on the 4,000 training digits and is measured once on the held-out 1,00
 top-1 (``results.json``) and linear top-1 (``caco-evaluate linear``).  The held-out digits
 choose nothing.  Each run's health is read from its last epoch (effective rank, uniformity)
 and its log (whether the collapse warning fired).
+
+``--epochs N`` shortens every run to N epochs (its runs are cached apart, under ``eN/``).  At 5
+epochs the tuning stage is the screen below (``SCREEN``: the same budget, validation split, seed
+0), measured before the trials were drawn up; CaCo and MoCo v2 run at the same budget with the
+offline default's settings as the reference rows.
 
 Resumable, as benchmarks/ablation.py: every finished run is cached in
 ``WORK/cache.json`` and in the tracked ``benchmarks/comparison_cache.json``; re-running the
@@ -99,6 +105,47 @@ TRIALS = {
     ],
 }
 METHODS = tuple(TRIALS)
+# The reference rows, nothing to choose: CaCo's offline default, and MoCo v2 with CaCo's bank
+# size, temperature and key momentum (as benchmarks/ablation.py's row).
+REFERENCES = {"caco": [[]],
+              "moco_v2": [["method.moco_v2.bank_size=1024", "method.moco_v2.temperature=0.1",
+                           "method.moco_v2.key_momentum=0.99"]]}
+
+# The 5-epoch screen on the validation split (seed 0, `train.py --set train.epochs=5 --set
+# data.source=mnist_validation --set evaluation.knn_monitor_every=0` plus each trial's settings;
+# 2026-11-26, AMD EPYC 7B13 (Zen 3), 2 cores): validation kNN top-1 (%).  It is the tuning
+# stage of the 5-epoch comparison.
+SCREEN = {
+    "byol": [(["method.byol.predictor_hidden=512"], 94.9)],
+    "simsiam": [(["method.simsiam.predictor_hidden=128"], 94.5)],
+    "moco_v3": [(["method.moco_v3.predictor_hidden=512", "method.moco_v3.temperature=0.2"],
+                 96.3)],
+    "nnclr": [(["method.nnclr.predictor_hidden=512", "method.nnclr.queue_size=1024"], 95.7)],
+    "swav": [
+        (["method.swav.num_prototypes=100", "method.swav.queue_size=256",
+          "method.swav.queue_start_epoch=1"], 91.8),
+        (["method.swav.num_prototypes=30", "method.swav.queue_size=1024",
+          "method.swav.queue_start_epoch=1"], 93.8),
+        (["method.swav.num_prototypes=100", "method.swav.epsilon=0.03",
+          "method.swav.queue_size=1024", "method.swav.queue_start_epoch=1"], 94.1),
+        (["method.swav.num_prototypes=30"], 95.0),
+    ],
+    "dino": [
+        (["method.dino.out_dim=4096"], 93.7),
+        (["method.dino.out_dim=1024", "method.dino.key_momentum=0.999"], 93.1),
+        (["method.dino.out_dim=4096", "method.dino.head_batchnorm=true"], 95.7),
+    ],
+    "barlow_twins": [
+        (["method.barlow_twins.redundancy_weight=0.05"], 82.0),
+        (["method.barlow_twins.redundancy_weight=0.0051", "train.learning_rate=0.01"], 90.3),
+        (["method.barlow_twins.redundancy_weight=0.05", "train.learning_rate=0.003"], 81.9),
+        (["model.embedding_dim=16", "method.barlow_twins.redundancy_weight=0.05",
+          "train.learning_rate=0.01"], 93.3),
+        (["model.embedding_dim=32", "method.barlow_twins.redundancy_weight=0.02",
+          "train.learning_rate=0.01"], 91.5),
+    ],
+    "vicreg": [([], 95.4)],
+}
 # ResNet-50 on ImageNet, linear top-1 (%), from /work/shared/caco-paper.tex: Tables imagenet200
 # (200 epochs, single crop), imagenet800 (more epochs, single crop) and imagenetmulti (multi-crop).
 PAPER = {
@@ -111,28 +158,53 @@ PAPER = {
     "barlow_twins": "not in the paper (73.2, its authors')",
     "vicreg": "not in the paper (73.2, its authors')",
     "caco": "70.9 / 71.3 / 72.0 (200 ep, b256/1024/4096); 75.3 (800 ep); 75.7 (multi-crop)",
+    "moco_v2": "67.5 (200 ep); 71.1 (800 ep)",
 }
+DEFAULT_EPOCHS = 40  # configs/mnist.yaml's
+
+
+def trials(method, epochs):
+    """The lists of settings tried for ``method`` at this budget."""
+    if method in REFERENCES:
+        return REFERENCES[method]
+    if epochs == 5:
+        return [overrides for overrides, _ in SCREEN[method]]
+    return TRIALS[method]
+
+
+def prefix(epochs):
+    return "" if epochs == DEFAULT_EPOCHS else f"e{epochs}/"
+
+
+def screen_into(cache):
+    """The 5-epoch screen's figures as the 5-epoch tuning stage's entries."""
+    for method, screened in SCREEN.items():
+        for trial, (_, figure) in enumerate(screened):
+            cache["runs"].setdefault(f"e5/tune/{method}/{trial}",
+                                     {"knn_top1": figure, "source": "the 5-epoch screen"})
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", choices=("tune", "held-out", "all"), default="all")
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument("--methods", default=",".join(METHODS + tuple(REFERENCES)),
+                        help=f"comma-separated subset of {','.join(METHODS + tuple(REFERENCES))}")
+    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS,
+                        help="every run's epochs (5: tuned by the 5-epoch screen)")
     parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "comparison"))
     parser.add_argument("--output", default=os.path.join(REPO, "docs", "results.md"),
                         help="the page whose comparison section this rewrites")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
-    unknown = set(args.methods) - set(METHODS)
+    unknown = set(args.methods) - set(METHODS) - set(REFERENCES)
     if unknown:
         parser.error(f"unknown methods {', '.join(sorted(unknown))}")
     return args
 
 
-def train_command(method, overrides, seed, data_source, run_dir):
-    settings = SHARED + [f"method.name={method}", f"data.source={data_source}",
+def train_command(method, overrides, seed, data_source, run_dir, epochs):
+    settings = SHARED + [f"train.epochs={epochs}", f"method.name={method}", f"data.source={data_source}",
                          f"train.seed={seed}", f"data.seed={seed}"] + overrides
     return ([sys.executable, os.path.join(REPO, "train.py"), "--config", CONFIG,
              "--run-dir", run_dir, "--quiet"] + [p for s in settings for p in ("--set", s)])
@@ -164,11 +236,13 @@ def run(cache, key, command, run_dir, linear=False):
     return entry
 
 
-def chosen_trial(cache, method):
+def chosen_trial(cache, method, epochs):
     """The trial with the best validation kNN (the first on a tie; a failed run loses), or
-    None before all ran."""
-    entries = [cache["runs"].get(f"tune/{method}/{trial}", {})
-               for trial in range(len(TRIALS[method]))]
+    None before all ran; the only one when there is nothing to choose."""
+    if len(trials(method, epochs)) == 1:
+        return 0
+    entries = [cache["runs"].get(f"{prefix(epochs)}tune/{method}/{trial}", {})
+               for trial in range(len(trials(method, epochs)))]
     if any("knn_top1" not in entry and "failed" not in entry for entry in entries):
         return None
     scores = [entry.get("knn_top1", -math.inf) for entry in entries]
@@ -176,17 +250,20 @@ def chosen_trial(cache, method):
 
 
 def run_all(args, cache, paths):
-    work = args.work_dir
+    work, epochs = args.work_dir, args.epochs
     if args.stage in ("tune", "all"):
         for trial in range(3):  # trial-major: a partial tuning covers every method
             for method in args.methods:
-                key = f"tune/{method}/{trial}"
+                if trial >= len(trials(method, epochs)) or len(trials(method, epochs)) == 1:
+                    continue
+                key = f"{prefix(epochs)}tune/{method}/{trial}"
                 if {"knn_top1", "failed"} & set(cache["runs"].get(key, {})):
                     continue
                 print(f"{key}: training ...", flush=True)
                 try:
-                    run(cache, key, train_command(method, TRIALS[method][trial], 0,
-                                                  "mnist_validation", os.path.join(work, key)),
+                    run(cache, key, train_command(method, trials(method, epochs)[trial], 0,
+                                                  "mnist_validation", os.path.join(work, key),
+                                                  epochs),
                         os.path.join(work, key))
                     print(f"{key}: validation kNN {cache['runs'][key]['knn_top1']:.1f}%",
                           flush=True)
@@ -197,17 +274,18 @@ def run_all(args, cache, paths):
     if args.stage in ("held-out", "all"):
         for seed in range(SEEDS):
             for method in args.methods:
-                trial = chosen_trial(cache, method)
+                trial = chosen_trial(cache, method, epochs)
                 if trial is None:
                     print(f"{method}: its trials have not all run: no held-out runs yet")
                     continue
-                key = f"held-out/{method}/seed{seed}"
+                key = f"{prefix(epochs)}held-out/{method}/seed{seed}"
                 entry = cache["runs"].get(key, {})
                 if "knn_top1" in entry and "linear_top1" in entry:
                     continue
                 print(f"{key}: training (trial {trial}) ...", flush=True)
-                entry = run(cache, key, train_command(method, TRIALS[method][trial], seed,
-                                                      "mnist", os.path.join(work, key)),
+                entry = run(cache, key, train_command(method, trials(method, epochs)[trial],
+                                                      seed, "mnist", os.path.join(work, key),
+                                                      epochs),
                             os.path.join(work, key), linear=True)
                 entry["trial"] = trial
                 save_cache(cache, paths)
@@ -223,21 +301,30 @@ def cell(values, digits=1):
     return f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def marker(epochs):
+    return "comparison" if epochs == DEFAULT_EPOCHS else f"comparison-e{epochs}"
+
+
 def report(args, cache):
-    runs = cache["runs"]
-    command = "python benchmarks/comparison.py"
-    machines = sorted({e.get("machine", "?") for e in runs.values()})
+    runs, epochs, at = cache["runs"], args.epochs, prefix(args.epochs)
+    command = "python benchmarks/comparison.py" + (
+        "" if epochs == DEFAULT_EPOCHS else f" --epochs {epochs}")
+    machines = sorted({e.get("machine", "?") for k, e in runs.items()
+                       if k.startswith(at + "held-out/") and "machine" in e})
+    steps = epochs * 250
+    tuned = (f"its own settings chosen on the validation split among the trials below (seed 0, "
+             f"validation kNN top-1{', the 5-epoch screen' if epochs == 5 else ''})")
     lines = [
-        "<!-- comparison:begin -->",
+        f"<!-- {marker(epochs)}:begin -->",
         f"Written by `{command}` on {datetime.date.today()}, measured on "
-        f"{'; '.join(machines)} (2 cores, no GPU); a seeded run repeats bit for bit on one "
-        "CPU model only.  Every method: `configs/mnist.yaml`'s budget (small ConvNet with 2×2 "
-        "grid pooling, projector 512 → 128, digit views, batch 16, 40 epochs = 10,000 steps, "
-        "SGD, learning rate 0.03 unless its trial says otherwise), its own settings chosen on "
-        f"the validation split among {len(TRIALS[METHODS[0]])} trials (seed 0, validation "
-        "kNN top-1), then seeds 0–2 on the 4,000 training digits, measured once on the "
-        "held-out 1,000: weighted kNN top-1 (k=5, T=0.07) and linear top-1 (`caco-evaluate "
-        "linear`, its defaults). Mean ± sample standard deviation over the seeds; one "
+        f"{'; '.join(machines) or '(nothing yet)'} (2 cores, no GPU); a seeded run repeats bit "
+        "for bit on one CPU model only.  Every method: `configs/mnist.yaml`'s budget (small "
+        "ConvNet with 2×2 grid pooling, projector 512 → 128, digit views, batch 16, SGD, "
+        f"learning rate 0.03 unless its trial says otherwise) for {epochs} epochs = "
+        f"{steps:,} steps, {tuned}, then seeds 0–2 on the 4,000 training digits, measured "
+        "once on the held-out 1,000: weighted kNN top-1 (k=5, T=0.07) and linear top-1 "
+        "(`caco-evaluate linear`, its defaults).  CaCo runs the offline default, MoCo v2 with "
+        "CaCo's bank size, temperature and key momentum (nothing chosen for either).  Mean ± sample standard deviation over the seeds; one "
         "standard error on 1,000 images is about 0.5 point.",
         "",
         "| method | chosen settings (validation) | held-out kNN top-1 (%) | held-out linear "
@@ -246,9 +333,10 @@ def report(args, cache):
         "|---|---|---|---|---|---|",
     ]
     for method in args.methods:
-        trial = chosen_trial(cache, method)
-        seeds = [runs.get(f"held-out/{method}/seed{s}", {}) for s in range(SEEDS)]
-        settings = ", ".join(TRIALS[method][trial]) if trial is not None else "(tuning)"
+        trial = chosen_trial(cache, method, epochs)
+        seeds = [runs.get(f"{at}held-out/{method}/seed{s}", {}) for s in range(SEEDS)]
+        settings = (", ".join(trials(method, epochs)[trial]) if trial is not None
+                    else "(tuning)")
         warned = sum(bool(e.get("collapse_warning")) for e in seeds if e)
         health = (f"{cell([e.get('rank_embedding') for e in seeds])} · "
                   f"{cell([e.get('uniformity') for e in seeds], 2)} · "
@@ -257,30 +345,31 @@ def report(args, cache):
                      f"{cell([e.get('knn_top1') for e in seeds])} | "
                      f"{cell([e.get('linear_top1') for e in seeds])} | {health} | "
                      f"{PAPER[method]} |")
-    lines += ["", "The trials on the validation split (seed 0, kNN top-1 %):", "",
-              "| method | " + " | ".join(f"trial {t}" for t in range(3)) + " |",
-              "|---|---|---|---|"]
+    lines += ["", "The trials on the validation split (seed 0, kNN top-1 %):", ""]
     for method in args.methods:
+        if method in REFERENCES:
+            continue
         row = []
-        for trial, overrides in enumerate(TRIALS[method]):
-            entry = runs.get(f"tune/{method}/{trial}", {})
+        for trial, overrides in enumerate(trials(method, epochs)):
+            entry = runs.get(f"{at}tune/{method}/{trial}", {})
             shown = ", ".join(o.split(".", 2)[-1] if o.startswith("method.") else o
                               for o in overrides) or "defaults"
             figure = (f"{entry['knn_top1']:.1f}" if "knn_top1" in entry else
                       "failed" if "failed" in entry else "–")
             row.append(f"{figure} (`{shown}`)")
-        lines.append(f"| {method} | " + " | ".join(row) + " |")
-    lines.append("<!-- comparison:end -->")
+        lines.append(f"- {method}: " + "; ".join(row))
+    lines.append(f"<!-- {marker(epochs)}:end -->")
     return lines
 
 
-def publish(path, lines):
-    """Replace the comparison section of ``path`` (or append it)."""
+def publish(path, lines, name):
+    """Replace the section ``name`` of ``path`` (or append it)."""
     text = open(path).read() if os.path.exists(path) else ""
     block = "\n".join(lines)
-    if "<!-- comparison:begin -->" in text:
-        text = re.sub(r"<!-- comparison:begin -->.*?<!-- comparison:end -->", lambda m: block,
-                      text, flags=re.S)
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda m: block, text,
+                      flags=re.S)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     with open(path, "w") as handle:
@@ -292,9 +381,11 @@ def main(argv=None):
     os.makedirs(args.work_dir, exist_ok=True)
     paths = [os.path.join(args.work_dir, "cache.json"), CACHE]
     cache = load_cache(paths)
+    if args.epochs == 5:
+        screen_into(cache)
     if not args.report_only:
         run_all(args, cache, paths)
-    publish(args.output, report(args, cache))
+    publish(args.output, report(args, cache), marker(args.epochs))
     print(f"report: {args.output}")
     return 0
 
