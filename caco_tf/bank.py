@@ -15,6 +15,8 @@ import collections
 
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf import losses
 
 

@@ -7,6 +7,8 @@ passed here are already L2-normalized, except where a docstring says "raw".
 
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 
 def l2_normalize(x, axis=-1):
     """Unit rows; the epsilon keeps an all-zero row finite instead of NaN."""

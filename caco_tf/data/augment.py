@@ -23,6 +23,8 @@ from typing import Tuple
 import numpy as np
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf.data.images import LUMA, normalize_pixels
 
 MNIST_MEAN = 0.1307

@@ -24,6 +24,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf.data import augment
 from caco_tf.data.images import decode_file_image, resize_and_center_crop, to_unit_float
 from caco_tf.data.sources import (UNREADABLE, ArraySource, DataError, Source, _labelled,

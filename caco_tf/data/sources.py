@@ -29,6 +29,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf.data import images as images_lib
 from caco_tf.errors import DataError
 

@@ -8,6 +8,8 @@ The linear protocol is in ``linear.py``; both on a run folder in ``protocols.py`
 import numpy as np
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf.training import distribute, peers
 
 

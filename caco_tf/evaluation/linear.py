@@ -36,6 +36,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf import data
 from caco_tf.data import augment as augment_lib
 from caco_tf.data.images import decode_image, normalize_pixels

@@ -38,6 +38,8 @@ import collections
 import keras
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf import health
 from caco_tf.methods.bank_warmup import BankWarmup
 from caco_tf.methods.memory_bank import MemoryBank

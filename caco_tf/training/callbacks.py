@@ -13,6 +13,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 from caco_tf import __version__, health
 from caco_tf.nets import layers
 from caco_tf.training import peers

@@ -25,6 +25,8 @@ import time
 
 import tensorflow as tf
 
+from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
+
 
 class TrainFunction:
     """What ``fit`` calls (module docstring).
@@ -111,12 +113,16 @@ def _compiled_loop(one_step):
         logs = one_step([batch])
         return logs, waited
 
-    @tf.function
+    @tf.function(autograph=False)
     def loop(iterator, count):
         logs, waited = timed_step(iterator, [])
-        for _ in tf.range(count - 1):
+
+        def one_more(done, logs, waited):
             logs, more = timed_step(iterator, tf.nest.flatten(logs))
-            waited += more
+            return done + 1, logs, waited + more
+
+        _, logs, waited = tf.while_loop(lambda done, *_: done < count, one_more,
+                                        (tf.constant(1), logs, waited))
         return logs, waited
 
     return loop
