@@ -110,3 +110,24 @@ def test_every_runtime_dependency_is_imported_by_the_package():
     assert not any(r.lower().startswith("keras-cv") for r in
                    pyproject()["project"]["dependencies"])
     assert sys.version_info >= (3, 11)  # requires-python
+
+
+METHOD_RECIPES = ("byol", "simsiam", "moco_v3", "nnclr", "swav", "dino", "barlow_twins",
+                  "vicreg")
+
+
+def test_each_methods_imagenet_recipe_reaches_tfds_manual_directory(tmp_path, capsys):
+    """`caco-train --config M_imagenet_resnet50` on a machine without ImageNet: the recipe
+    loads and validates, and the run stops at TFDS's manual directory with one line."""
+    from caco_tf.cli import train
+
+    for method in METHOD_RECIPES:
+        name = f"{method}_imagenet_resnet50"
+        assert config_lib.load_config(name)["method"]["name"] == method
+        code = train.main(["--config", name, "--run-dir", str(tmp_path / method),
+                           "--set", f"data.data_dir={tmp_path / 'tfds'}"])
+        errors = capsys.readouterr().err.strip().splitlines()
+        assert code != 0 and len(errors) == 1, (name, errors)
+        assert errors[0].startswith("error: cannot prepare TFDS data set 'imagenet2012'") and \
+            "data.manual_dir" in errors[0], (name, errors)
+        assert not os.path.exists(tmp_path / method)  # nothing of value: the folder is gone
