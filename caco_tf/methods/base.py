@@ -38,8 +38,6 @@ import collections
 import keras
 import tensorflow as tf
 
-from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
-
 from caco_tf import health
 from caco_tf.methods.bank_warmup import BankWarmup
 from caco_tf.methods.memory_bank import MemoryBank
@@ -96,9 +94,7 @@ class Method(keras.Model):
     EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
     FORWARD_BY_RESOLUTION = False  # crops of one size pass the backbone together (SwAV, DINO)
     DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
-    # ``augment.ColourOnDevice`` (``data.views_on_device``): the views' colour work, run at the
-    # start of the step on batches of cropped views and their draws; None: finished views.
-    views_on_device = None
+    views_on_device = None  # augment.ColourOnDevice: the views' colour work, in the step
     COLLAPSE_ADVICE = ("lower the learning rate (train.learning_rate) or lengthen its warm-up "
                        "(train.lr_warmup_epochs)")
 
@@ -510,8 +506,7 @@ class Method(keras.Model):
                                     preprocessing=given, **kwargs)
 
     def summary(self, print_fn=None, **kwargs):
-        """The parts and their sizes: backbone, projector, heads, teacher, state, probe
-        (``summary.parts_table``)."""
+        """The parts and their sizes (backbone, projector, heads, teacher, state, probe)."""
         for line in parts_table(self):
             (print_fn or print)(line)
 
@@ -524,8 +519,7 @@ def _upgrade_arguments(cls, config):
         every = config.pop("warmup_every_method")
         if not every and config.get("warmup_steps") and not getattr(cls, "BANK", False):
             config["warmup_steps"] = 0
-    known = set(cls.argument_defaults()) | set(COMMON_ARGUMENTS) | {"name", "backbone",
-                                                                     "projector"}
+    known = set(cls.argument_defaults()) | set(COMMON_ARGUMENTS) | {"name", "backbone", "projector"}
     return {key: value for key, value in config.items() if key in known}
 
 
