@@ -313,7 +313,7 @@ def test_figures_name_a_damaged_history(tmp_path):
     ("model.widths=[8,8,8,8]", "model.widths: None -> [8, 8, 8, 8]"),
     ("model.embedding_dim=64", "model.embedding_dim: 128 -> 64"),
     ("method.caco.bank_size=512", "method.caco.bank_size: 1024 -> 512"),
-    ("method.byol.predictor_hidden=64", "method.byol.predictor_hidden: 4096 -> 64"),
+    ("method.byol.predictor_hidden=64", "method.byol.predictor_hidden: 512 -> 64"),
 ])
 def test_a_resume_that_changes_what_is_trained_is_refused_naming_the_setting(
         tmp_path, assignment, change):

@@ -563,6 +563,11 @@ RENAMED["caco.method"] = "method.name"
 _OLD_WARMUP = ("warmup_epochs", "warmup_min_steps", "warmup_temperature", "resync_after_warmup")
 
 
+# Settings added since 0.3 whose absence from a saved configuration meant what their off value
+# means now: a run folder of 0.3 resumes without them listed as changes.
+ABSENT_MEANS_OFF = {("data", "views_on_device"): False}
+
+
 def upgrade_saved_config(tree):
     """A configuration this library saved in an older layout, in today's: 0.2's section
     ``caco`` (key ``caco.method``) and 0.3's flat ``method.X`` become the saved method's own
@@ -575,6 +580,9 @@ def upgrade_saved_config(tree):
         tree = {("method" if key == "caco" else key):
                 ({("name" if k == "method" else k): v for k, v in value.items()}
                  if key == "caco" else value) for key, value in tree.items()}
+    for (section, key), off in ABSENT_MEANS_OFF.items():
+        if isinstance(tree.get(section), dict):
+            tree[section].setdefault(key, off)
     method = tree.get("method")
     if isinstance(method, dict) and (set(method) & (set(MOVED_TO_CACO)
                                                     | {"warmup_every_method"})):  # 0.3
