@@ -317,7 +317,7 @@ def report(args, cache):
     lines = [
         f"<!-- {marker(epochs)}:begin -->",
         f"Written by `{command}` on {datetime.date.today()}, measured on "
-        f"{'; '.join(machines) or '(nothing yet)'} (2 cores, no GPU); a seeded run repeats bit "
+        f"{'; '.join(machines) or '(nothing yet)'}, no GPU; a seeded run repeats bit "
         "for bit on one CPU model only.  Every method: `configs/mnist.yaml`'s budget (small "
         "ConvNet with 2×2 grid pooling, projector 512 → 128, digit views, batch 16, SGD, "
         f"learning rate 0.03 unless its trial says otherwise) for {epochs} epochs = "
