@@ -86,7 +86,7 @@ def ceiling_dataset(paths, size=224):
     return dataset.batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def images_per_second(make_dataset, batches):
+def images_per_second(make_dataset, batches, batch=BATCH):
     """A fresh iterator; the time of ``batches`` batches after the first."""
     iterator = iter(make_dataset())
     next(iterator)
@@ -95,7 +95,7 @@ def images_per_second(make_dataset, batches):
         next(iterator)
     seconds = time.perf_counter() - start
     del iterator
-    return batches * BATCH / seconds
+    return batches * batch / seconds
 
 
 def measure_pipelines(paths, repeats, batches):

@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +32,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _report  # noqa: E402
-from input_pipeline import generate_jpegs  # noqa: E402
+from input_pipeline import generate_jpegs, images_per_second  # noqa: E402
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -64,28 +63,16 @@ def pipelines(paths, size, batch):
 ACCELERATOR_RATES = {"two views": (668, 1276), "multi-crop": (432, 823)}
 
 
-def images_per_second(make_dataset, batch, batches):
-    """A fresh iterator; the time of ``batches`` batches after the first."""
-    iterator = iter(make_dataset())
-    next(iterator)
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    seconds = time.perf_counter() - start
-    del iterator
-    return batches * batch / seconds
-
-
 def measure(paths, args):
     """{pipeline: [images/s per core, one per round]}."""
     made = pipelines(paths, args.size, args.batch)
     for make in made.values():  # warm-up: tracing, XLA compilation, thread pools, page cache
-        images_per_second(make, args.batch, 1)
+        images_per_second(make, 1, args.batch)
     rates = {key: [] for key in made}
     cores = _report.cpu_count()
     for round_ in range(args.repeats):
         for key, make in made.items():
-            rates[key].append(images_per_second(make, args.batch, args.batches) / cores)
+            rates[key].append(images_per_second(make, args.batches, args.batch) / cores)
         print(f"round {round_ + 1}: " + ", ".join(
             f"{v} on {w} {r[-1]:.1f}" for (v, w), r in rates.items()), flush=True)
     return rates
