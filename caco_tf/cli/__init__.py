@@ -149,6 +149,24 @@ def guard(work, cleanup=None):
         return 130
 
 
+def end_process(status):
+    """Exit with ``status`` at once, without Python's or TensorFlow's exit handlers, after
+    flushing the output and forwarding what the standard-error filter holds."""
+    from caco_tf.training import interrupts
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    for call in interrupts.BEFORE_EXIT:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 — nothing may keep the process from ending
+            pass
+    os._exit(status)
+
+
 def say(line):
     """Print one line on standard error; nothing when it cannot be written (a closed
     terminal): the exit status still tells."""

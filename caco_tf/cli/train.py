@@ -54,13 +54,17 @@ def main(argv=None):
     cli.survive_closed_stdout("the run goes on; its progress is in the run folder's "
                               "history.json and tensorboard/")
 
+    multi_worker = False
+
     def work():
+        nonlocal multi_worker
         from caco_tf.training.config import load_config
 
         assignments = list(args.set)
         if args.strategy:
             assignments.append(f"distribute.strategy={args.strategy}")
         config = load_config(args.config, assignments)
+        multi_worker = config["distribute"]["strategy"] == "multiworker"
         run_dir = args.run_dir or os.path.join("runs", config["name"])
         from caco_tf import pretrain
 
@@ -71,7 +75,12 @@ def main(argv=None):
                 print(f"kNN top-1: {results['knn_top1']:.1f}%")
         return 0
 
-    return cli.guard(work)
+    status = cli.guard(work)
+    if status and multi_worker:
+        # TensorFlow's own exit waits on its coordination service for the peers, which a
+        # preemption or a lost worker may already have ended: the run is saved, end now.
+        cli.end_process(status)
+    return status
 
 
 if __name__ == "__main__":
