@@ -186,39 +186,56 @@ def test_online_probe_learns_a_linearly_decodable_label():
     assert result["probe_top1"] > 0.9
 
 
-def test_pretraining_logs_the_knn_monitor(tmp_path):
+@pytest.fixture(scope="module")
+def monitored_run(tmp_path_factory):
+    """One tiny pre-training run (48 mock digits, batch 16, 3 epochs of which 1 of warm-up)
+    with the kNN monitor every 2 epochs, precise BatchNorm over 24 images and the online probe:
+    (its config, its run folder, its progress output)."""
+    import contextlib
+    import io
+
     import tensorflow_datasets as tfds
 
-    from caco_tf import build, pretrain
+    from caco_tf import pretrain
     from caco_tf.training.config import load_config
     from tiny_run import OVERRIDES
 
-    config = load_config(None, OVERRIDES + ["train.epochs=3", "evaluation.knn_monitor_every=2",
-                                            "evaluation.knn_monitor_k=4"])
+    config = load_config(None, OVERRIDES + [
+        "train.epochs=3", "evaluation.knn_monitor_every=2", "evaluation.knn_monitor_k=4",
+        "train.precise_bn_images=24", "evaluation.online_probe=true"])
+    run_dir = str(tmp_path_factory.mktemp("monitored") / "run")
+    output = io.StringIO()
+    with tfds.testing.mock_data(num_examples=48), contextlib.redirect_stdout(output):
+        pretrain.run(config, run_dir, verbose=1)
+    return config, run_dir, output.getvalue()
+
+
+def test_pretraining_logs_the_knn_monitor(monitored_run):
+    import tensorflow_datasets as tfds
+
+    from caco_tf import build
+
+    config, run_dir, _ = monitored_run
     with tfds.testing.mock_data(num_examples=48):
-        monitor = knn_monitor(config, build.build_views(config),
-                                       *build.load_data(config))
-        assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
-        pretrain.run(config, str(tmp_path / "run"), verbose=0)
-    rows = json.load(open(tmp_path / "run" / "history.json"))
+        monitor = knn_monitor(config, build.build_views(config), *build.load_data(config))
+    assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
+    rows = json.load(open(os.path.join(run_dir, "history.json")))
     assert ["knn_top1" in row for row in rows] == [False, True, True]
     assert all(0.0 <= row["knn_top1"] <= 100.0 for row in rows[1:])
-    config["evaluation"]["knn_monitor_every"] = 0
+    config = dict(config, evaluation=dict(config["evaluation"], knn_monitor_every=0))
     assert knn_monitor(config, None, None, None) is None
 
 
-def test_pretraining_saves_precise_batchnorm_statistics(tmp_path):
+def test_pretraining_saves_precise_batchnorm_statistics(monitored_run):
     import tensorflow_datasets as tfds
 
-    from caco_tf import build, pretrain
+    from caco_tf import build
     from caco_tf.training.config import ConfigError, load_config
     from caco_tf.nets.layers import recalibrate_batchnorm
-    from tiny_run import OVERRIDES
 
-    config = load_config(None, OVERRIDES + ["train.epochs=2", "train.precise_bn_images=24"])
+    _, run_dir, _ = monitored_run
     with tfds.testing.mock_data(num_examples=48):
-        pretrain.run(config, str(tmp_path / "run"), verbose=0)
-        run = build.load_run(str(tmp_path / "run"))
+        run = build.load_run(run_dir)
         train, _ = build.load_data(run.config)
         every_other = build.eval_dataset(run.config, run.views, train, every=2)
         assert sum(len(images) for images, _ in every_other) == 24
@@ -243,27 +260,20 @@ def test_monitor_settings_are_checked():
         load_config(None, ["evaluation.knn_monitor_k=0"])
 
 
-def test_pretraining_with_the_online_probe(tmp_path, capsys):
+def test_pretraining_with_the_online_probe(monitored_run):
     import tensorflow_datasets as tfds
 
     from caco_tf import build, pretrain
-    from caco_tf.training.config import load_config
-    from tiny_run import OVERRIDES
 
-    # One epoch, no warm-up (the warm-up step's probe is tested above), no kNN monitor.
-    config = load_config(None, OVERRIDES + [
-        "train.epochs=1", "method.caco.warmup_epochs=0", "evaluation.knn_monitor_every=0",
-        "evaluation.online_probe=true"])
-    run_dir = str(tmp_path / "run")
+    config, run_dir, output = monitored_run
+    assert "probe_top1: " in output  # the progress bar shows it
+    rows = json.load(open(os.path.join(run_dir, "history.json")))
+    assert len(rows) == 3 and all(0.0 <= row["probe_top1"] <= 1.0 for row in rows)
     with tfds.testing.mock_data(num_examples=48):
         train, _ = build.load_data(config)
         assert build.online_probe_classes(config, train) == 10  # tfds:mnist's ClassLabel
-        pretrain.run(config, run_dir, verbose=1)
-        assert "probe_top1: " in capsys.readouterr().out  # the progress bar shows it
-        rows = json.load(open(tmp_path / "run" / "history.json"))
-        assert len(rows) == 1 and 0.0 <= rows[0]["probe_top1"] <= 1.0
         pretrain.run(config, run_dir, verbose=0)  # resumes from the backup: nothing left to do
-    assert json.load(open(tmp_path / "run" / "history.json")) == rows
+    assert json.load(open(os.path.join(run_dir, "history.json"))) == rows
 
     # The run folder rebuilds without the probe (evaluate, export), its checkpoint loading
     # into it: the same encoder and bank as a rebuild with the probe, and trained ones.
@@ -275,9 +285,9 @@ def test_pretraining_with_the_online_probe(tmp_path, capsys):
     for rebuilt, with_probe in zip(encoder_state(run.model), encoder_state(probed)):
         np.testing.assert_array_equal(rebuilt, with_probe)
     assert any(np.abs(a - b).max() > 0 for a, b in zip(encoder_state(probed), fresh))
-    # The labels did reach the probe: one probe step per batch (48 images, batch 16), and its
-    # zero-initialized bias moved.
-    assert int(probed.probe_optimizer.iterations.numpy()) == 3
+    # The labels did reach the probe: one probe step per batch (48 images, batch 16, 3 epochs,
+    # the warm-up's included), and its zero-initialized bias moved.
+    assert int(probed.probe_optimizer.iterations.numpy()) == 9
     assert np.abs(probed.online_probe.layers[-1].bias.numpy()).max() > 0
 
 

@@ -43,11 +43,19 @@ class EvalSet:
 
     ``make(shards, batch_size)``: batches of (normalized images, labels) of share
     ``shards = (count, index)``, in order; ``count``: the images in the set (before bad files
-    are dropped); ``batch_size``: the global batch.
+    are dropped); ``batch_size``: the global batch.  Each share's pipeline is built once and
+    read again at every measurement (a monitor measures every few epochs).
     """
 
     def __init__(self, make, count, batch_size):
-        self.make, self.count, self.batch_size = make, int(count), int(batch_size)
+        self._make, self.count, self.batch_size = make, int(count), int(batch_size)
+        self._made = {}
+
+    def make(self, shards, batch_size):
+        key = (tuple(shards), int(batch_size))
+        if key not in self._made:
+            self._made[key] = self._make(*key)
+        return self._made[key]
 
 
 def distributed_features(backbone, eval_set, strategy, normalize=True):
