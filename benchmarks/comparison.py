@@ -327,10 +327,10 @@ def report(args, cache):
         "CaCo's bank size, temperature and key momentum (nothing chosen for either).  Mean ± sample standard deviation over the seeds; one "
         "standard error on 1,000 images is about 0.5 point.",
         "",
-        "| method | chosen settings (validation) | held-out kNN top-1 (%) | held-out linear "
-        "top-1 (%) | health: rank · uniformity · collapse warned | paper, ImageNet ResNet-50 "
-        "linear top-1 (%) |",
-        "|---|---|---|---|---|---|",
+        "| method | chosen settings (validation) | seeds | held-out kNN top-1 (%) | held-out "
+        "linear top-1 (%) | health: rank · uniformity · collapse warned | paper, ImageNet "
+        "ResNet-50 linear top-1 (%) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for method in args.methods:
         trial = chosen_trial(cache, method, epochs)
@@ -341,7 +341,8 @@ def report(args, cache):
         health = (f"{cell([e.get('rank_embedding') for e in seeds])} · "
                   f"{cell([e.get('uniformity') for e in seeds], 2)} · "
                   f"{warned} of {sum(1 for e in seeds if e)}")
-        lines.append(f"| {method} | `{settings or 'its defaults'}` | "
+        done = [str(s) for s, e in enumerate(seeds) if "knn_top1" in e]
+        lines.append(f"| {method} | `{settings or 'its defaults'}` | {', '.join(done) or '–'} | "
                      f"{cell([e.get('knn_top1') for e in seeds])} | "
                      f"{cell([e.get('linear_top1') for e in seeds])} | {health} | "
                      f"{PAPER[method]} |")
