@@ -159,12 +159,7 @@ def end_process(status):
             stream.flush()
         except (OSError, ValueError):
             pass
-    for call in interrupts.BEFORE_EXIT:
-        try:
-            call()
-        except Exception:  # noqa: BLE001 — nothing may keep the process from ending
-            pass
-    os._exit(status)
+    interrupts.exit_now(status)
 
 
 def say(line):

@@ -115,12 +115,7 @@ class StopSignals:
     def _stop_at_once(signum):
         _write(f"stopped at once by a second {signal.Signals(signum).name}: the run resumes "
                f"from its last saved state\n")
-        for call in BEFORE_EXIT:
-            try:
-                call()
-            except Exception:  # noqa: BLE001 — nothing may keep the process from ending
-                pass
-        os._exit(128 + signum)
+        exit_now(128 + signum)
 
     def _handle(self, signum, frame):
         if self.received is not None:
@@ -134,6 +129,17 @@ class StopSignals:
     @property
     def name(self):
         return signal.Signals(self.received).name if self.received else None
+
+
+def exit_now(status):
+    """End the process with ``status`` at once (``os._exit``: no atexit handler, nor
+    TensorFlow's), after the ``BEFORE_EXIT`` calls."""
+    for call in BEFORE_EXIT:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 — nothing may keep the process from ending
+            pass
+    os._exit(status)
 
 
 def _write(text):
