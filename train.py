@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # runs from a checkout, too
 
-from caco_tf.cli.train import main  # noqa: E402
+from caco_tf.cli.train import console, main  # noqa: E402, F401  (main: to call from Python)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from caco_tf.cli.import_torch import main  # noqa: E402
+from caco_tf.cli.import_torch import console, main  # noqa: E402, F401  (main: to call from Python)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -11,6 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from caco_tf import cli  # noqa: E402
 from caco_tf.cli import train  # noqa: E402
 from caco_tf.training import callbacks  # noqa: E402
 
@@ -29,4 +30,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_after(main)

@@ -70,7 +70,7 @@ def test_every_command_says_its_version(command, capsys):
     assert done.value.code == 0
     assert capsys.readouterr().out.strip().endswith(f" {caco_tf.__version__}")
     scripts = pyproject()["project"]["scripts"]
-    assert f"caco_tf.cli.{command}:main" in scripts.values()
+    assert f"caco_tf.cli.{command}:console" in scripts.values()
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -12,8 +12,9 @@ console script         module           also runs as
 =====================  ===============  ================================================
 
 Every command calls ``start`` before anything imports TensorFlow, so it starts quietly
-(``--verbose`` shows TensorFlow's start-up lines), and runs its work through ``guard``, which
-turns a ``caco_tf.errors.UserError`` into one ``error: ...`` line and exit status 2.
+(``--verbose`` shows TensorFlow's start-up lines), runs its work through ``guard``, which
+turns a ``caco_tf.errors.UserError`` into one ``error: ...`` line and exit status 2, and runs
+as ``exit_after(main)`` (its module's ``console``), which ends the process as soon as it is done.
 """
 
 import argparse
@@ -147,6 +148,34 @@ def guard(work, cleanup=None):
     except KeyboardInterrupt:  # Ctrl-C outside training (which saves first): nothing to keep
         say("stopped by SIGINT")
         return 130
+
+
+_peers_at_exit = False  # a multi-worker run: a finished worker leaves with its peers
+
+
+def leave_with_peers():
+    """A finished multi-worker run ends through TensorFlow's own exit, which meets every
+    worker at a shutdown barrier: a worker gone at once would look lost to the chief still
+    exporting the run."""
+    global _peers_at_exit
+    _peers_at_exit = True
+
+
+def exit_after(main):
+    """A command's console entry: run ``main()`` and end the process with its status at once
+    (``end_process``).  Python's and TensorFlow's own teardown would take ~2 s more to free
+    what the end of the process frees anyway, and a stopped multi-worker run's would wait on
+    its coordination service for peers a preemption may already have ended."""
+    try:
+        status = main()
+    except SystemExit as stop:  # argparse: --help, --version, a usage error
+        status = stop.code
+    if status is not None and not isinstance(status, int):
+        say(str(status))
+        status = 1
+    if not status and _peers_at_exit:
+        sys.exit(0)
+    end_process(status or 0)
 
 
 def end_process(status):

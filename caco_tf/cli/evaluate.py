@@ -16,7 +16,6 @@ numbers as JSON into the run folder (``eval_<protocol>[_pixels|_untrained][_<dat
 
 import json
 import os
-import sys
 
 from caco_tf import cli
 # The linear protocol's choices, from a module without TensorFlow: --help stays quick.
@@ -121,5 +120,11 @@ def main(argv=None):
     return cli.guard(work)
 
 
+
+def console():
+    """``caco-evaluate``: ``main()``, then the process ends at once (``cli.exit_after``)."""
+    cli.exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

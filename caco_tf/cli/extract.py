@@ -69,5 +69,11 @@ def main(argv=None):
     return cli.guard(work)
 
 
+
+def console():
+    """``caco-extract``: ``main()``, then the process ends at once (``cli.exit_after``)."""
+    cli.exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -7,7 +7,6 @@ Writes prob_acc.png, t_sne.png and query_ex.png (``caco_tf.evaluation.figures``)
 """
 
 import os
-import sys
 
 from caco_tf import cli
 
@@ -48,5 +47,11 @@ def main(argv=None):
     return cli.guard(work)
 
 
+
+def console():
+    """``caco-figures``: ``main()``, then the process ends at once (``cli.exit_after``)."""
+    cli.exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

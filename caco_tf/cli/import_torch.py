@@ -16,7 +16,6 @@ steps per epoch are known: ``--steps-per-epoch`` or an ImageNet source) and, wit
 
 import json
 import os
-import sys
 
 from caco_tf import cli
 
@@ -107,5 +106,11 @@ def import_checkpoint(args):
     return 0
 
 
+
+def console():
+    """``caco-import-torch``: ``main()``, then the process ends at once (``cli.exit_after``)."""
+    cli.exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -10,7 +10,6 @@ folder exits with 74; a setting or file to fix with 2 (docs/long-runs.md).
 """
 
 import os
-import sys
 
 from caco_tf import cli
 
@@ -54,17 +53,15 @@ def main(argv=None):
     cli.survive_closed_stdout("the run goes on; its progress is in the run folder's "
                               "history.json and tensorboard/")
 
-    multi_worker = False
-
     def work():
-        nonlocal multi_worker
         from caco_tf.training.config import load_config
 
         assignments = list(args.set)
         if args.strategy:
             assignments.append(f"distribute.strategy={args.strategy}")
         config = load_config(args.config, assignments)
-        multi_worker = config["distribute"]["strategy"] == "multiworker"
+        if config["distribute"]["strategy"] == "multiworker":
+            cli.leave_with_peers()
         run_dir = args.run_dir or os.path.join("runs", config["name"])
         from caco_tf import pretrain
 
@@ -75,13 +72,13 @@ def main(argv=None):
                 print(f"kNN top-1: {results['knn_top1']:.1f}%")
         return 0
 
-    status = cli.guard(work)
-    if status and multi_worker:
-        # TensorFlow's own exit waits on its coordination service for the peers, which a
-        # preemption or a lost worker may already have ended: the run is saved, end now.
-        cli.end_process(status)
-    return status
+    return cli.guard(work)
+
+
+def console():
+    """``caco-train``: ``main()``, then the process ends at once (``cli.exit_after``)."""
+    cli.exit_after(main)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
