@@ -23,7 +23,7 @@ from caco_tf import losses
 # XLA fuses the element-wise passes over the K×D bank (normalization and its backward pass, the
 # momentum update) that otherwise each read and write it in full (docs/equations.md, "The tiled
 # training form").
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def cooperative_adversarial_gradient(queries, bank, positive_index, temperature, views=1):
     """The sign-flipped CaCo gradient for the raw bank rows: a batch mean per view, views summed.
 
@@ -54,7 +54,7 @@ def cooperative_adversarial_gradient(queries, bank, positive_index, temperature,
     return tape.gradient(bank_unit, bank, output_gradients=unit_gradient)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def momentum_step(bank, velocity, gradient, learning_rate, momentum):
     """SGD with momentum as PyTorch does it (no dampening, no weight decay).
 
@@ -140,7 +140,7 @@ def _unit_tile(tile):
     return tile * inverse_norm, inverse_norm
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def bank_statistics(queries, keys, bank, temperature, bank_temperature, rows_per_tile):
     """First pass over the bank: everything the step needs from all K rows but the update.
 
@@ -235,7 +235,7 @@ def _second_pass(queries, statistics, bank, temperature, bank_temperature, views
         tf.reshape(tiles, tf.shape(bank)) for tiles in outputs[1:])
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def tiled_caco_update(queries, statistics, bank, velocity, temperature, bank_temperature,
                       learning_rate, momentum, views, rows_per_tile):
     """Second pass, one replica: the loss's expected unit row and the bank's momentum step.
@@ -261,7 +261,7 @@ def tiled_caco_update(queries, statistics, bank, velocity, temperature, bank_tem
                         (tf.float32, tf.float32))
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def tiled_caco_gradient(queries, statistics, bank, temperature, bank_temperature, views,
                         rows_per_tile):
     """Second pass without the update, for replicas whose g must be averaged before it.

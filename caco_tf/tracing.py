@@ -5,7 +5,8 @@ autograph re-parses the source of each function they call, in every process: a q
 short run's time went there (the tests' tiny runs: 41 s → 31 s).  Nothing in caco-tf needs it:
 its loops over tensors are ``tf.while_loop``, its branches ``tf.cond``.  Importing this module
 adds caco-tf to autograph's list of packages it leaves alone (as it leaves TensorFlow and
-Keras); a user's own functions are converted as before.  If a TensorFlow release moves the list,
+Keras); a user's own functions are converted as before.  The rule covers the functions a trace
+calls, not the one ``tf.function`` traces: caco-tf's own ``tf.function`` say ``autograph=False``.  If a TensorFlow release moves the list,
 nothing breaks: tracing is slower.
 """
 

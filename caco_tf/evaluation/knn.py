@@ -91,7 +91,7 @@ def distributed_features(backbone, eval_set, strategy, normalize=True):
             features = tf.math.l2_normalize(features, axis=-1)
         return features, labels
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(batch):
         features, labels = strategy.run(replica_features, args=batch)
         return strategy.gather(features, axis=0), strategy.gather(labels, axis=0)

@@ -107,14 +107,15 @@ def export_saved_model(backbone, path, image_size, channels, mean, std, embedder
 
     images_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
 
-    @tf.function(input_signature=[images_spec])
+    @tf.function(input_signature=[images_spec], autograph=False)
     def serve(images):
         return {"features": backbone(normalized(images), training=False)}
 
     def one_file(contents):
         return normalized(decode_image(contents, channels)[tf.newaxis])[0]
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")],
+                 autograph=False)
     def serve_bytes(image_bytes):
         # Files differ in size: decode and resize one by one, then run the backbone on the batch.
         images = tf.map_fn(
@@ -124,7 +125,7 @@ def export_saved_model(backbone, path, image_size, channels, mean, std, embedder
 
     signatures = {"serving_default": serve, "serve_bytes": serve_bytes}
     if embedder is not None:
-        @tf.function(input_signature=[images_spec])
+        @tf.function(input_signature=[images_spec], autograph=False)
         def embed(images):
             return {"embedding": embedder(normalized(images), training=False)}
         signatures["embed"] = embed
@@ -147,13 +148,13 @@ def export_float_saved_model(backbone, path, embedder=None):
     embedder.  For a model that knows no preprocessing."""
     spec = tf.TensorSpec([None, *backbone.input_shape[1:]], tf.float32, name="images")
 
-    @tf.function(input_signature=[spec])
+    @tf.function(input_signature=[spec], autograph=False)
     def serve(images):
         return {"features": backbone(images, training=False)}
 
     signatures = {"serving_default": serve}
     if embedder is not None:
-        @tf.function(input_signature=[spec])
+        @tf.function(input_signature=[spec], autograph=False)
         def embed(images):
             return {"embedding": embedder(images, training=False)}
         signatures["embed"] = embed

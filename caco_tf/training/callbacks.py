@@ -190,7 +190,7 @@ class Resume(keras.callbacks.Callback):
         if self.signals is None or getattr(strategy.extended, "_num_workers", 1) <= 1:
             return stop, due
         if not hasattr(self, "_any"):
-            @tf.function
+            @tf.function(autograph=False)
             def any_worker(flags):
                 per_replica = strategy.run(lambda: tf.identity(flags))
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
@@ -428,7 +428,7 @@ class HealthMonitor(keras.callbacks.Callback):
     def ranks(self):
         """{'rank_embedding': ..., 'rank_features': ...} of the current encoders on the sample."""
         if self._encode is None:  # compiled: run eagerly, the passes cost ~1.3 s an epoch offline
-            self._encode = tf.function(self.model.features_and_embeddings)
+            self._encode = tf.function(self.model.features_and_embeddings, autograph=False)
         features, embeddings = [], []
         for batch in peers.ticking(self.sample):  # a long pass: the watchdog times each batch
             batch_features, batch_embeddings = self._encode(
