@@ -106,9 +106,16 @@ def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch)
     example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     original = 'caco_tf.load_config("configs/mnist.yaml")'
     assert original in example
+    # 512 of the offline digits to train on and 256 held out: the example's steps, fewer of them.
+    from caco_tf.data import load_offline_mnist
+    split = load_offline_mnist()
+    for name, (images, labels), count in (("train", split["train"], 512),
+                                          ("test", split["test"], 256)):
+        np.savez(tmp_path / f"{name}.npz", images=images[:count], labels=labels[:count])
     overrides = TINY + ["train.epochs=2", "train.batch_size=128", "method.caco.bank_size=256",
                         "evaluation.knn_monitor_every=0", "train.jit_compile=false",
-                        "model.widths=[8,16,16,32]"]
+                        "model.widths=[8,16,16,32]", f"data.source=npz:{tmp_path / 'train.npz'}",
+                        f"data.held_out=npz:{tmp_path / 'test.npz'}"]
     example = example.replace(original, f"caco_tf.load_config("
                                         f"{os.path.join(ROOT, 'configs', 'mnist.yaml')!r}, "
                                         f"{overrides!r})")

@@ -16,6 +16,9 @@ import pytest
 
 from caco_tf.training.run_folder import RunFolder, weight_arrays
 
+# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
+pytestmark = pytest.mark.xdist_group("long_run_faults")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

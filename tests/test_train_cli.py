@@ -17,6 +17,9 @@ import yaml
 from caco_tf.training import optimizers
 from caco_tf.training.run_folder import weight_arrays
 
+# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
+pytestmark = pytest.mark.xdist_group("train_cli")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4  # 256 images / batch 64
 
@@ -35,7 +38,7 @@ def small_config(tmp_path, data_path, epochs=4):
     config = {
         "name": "tiny",
         "data": {"source": f"npz:{data_path}"},
-        "model": {"projector_hidden": 64, "embedding_dim": 32},
+        "model": {"projector_hidden": 64, "embedding_dim": 32, "widths": [8, 16, 32, 64]},
         "method": {"caco": {"bank_size": 128, "bank_lr": 0.3, "temperature": 0.1,
                             "bank_temperature": 0.1}},
         "train": {"epochs": epochs, "batch_size": 64, "lr_warmup_epochs": 1},
