@@ -178,7 +178,7 @@ def weak_dense_signal(count, dims=400, signal=0.1, seed=0):
 
 def test_cross_validation_scores_every_row_once_and_exposes_an_overstrong_penalty():
     features, labels = weak_dense_signal(60)
-    fit = dict(epochs=50, batch_size=20, learning_rate=0.1, momentum=0.9, weight_decay=0.0)
+    fit = dict(epochs=20, batch_size=20, learning_rate=0.1, momentum=0.9, weight_decay=0.0)
     scores = linear.select_l2(features, labels, 2, grid=(0.0, 1.0), folds=3, **fit)
     assert set(scores) == {0.0, 1.0}
     # λ = 1 pulls the 400 small weights the classes need towards zero: held-out rows show it.
