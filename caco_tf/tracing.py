@@ -6,8 +6,8 @@ short run's time went there (the tests' tiny runs: 41 s → 31 s).  Nothing in c
 its loops over tensors are ``tf.while_loop``, its branches ``tf.cond``.  Importing this module
 adds caco-tf to autograph's list of packages it leaves alone (as it leaves TensorFlow and
 Keras); a user's own functions are converted as before.  The rule covers the functions a trace
-calls, not the one ``tf.function`` traces: caco-tf's own ``tf.function`` say ``autograph=False``.  If a TensorFlow release moves the list,
-nothing breaks: tracing is slower.
+calls, not the one ``tf.function`` traces: caco-tf's own ``tf.function`` say ``autograph=False``.
+If a TensorFlow release moves the list, nothing breaks: tracing is slower.
 """
 
 import tensorflow as tf  # noqa: F401  (autograph's rules are read once TensorFlow is imported)

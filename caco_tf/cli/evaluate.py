@@ -120,7 +120,6 @@ def main(argv=None):
     return cli.guard(work)
 
 
-
 def console():
     """``caco-evaluate``: ``main()``, then the process ends at once (``cli.exit_after``)."""
     cli.exit_after(main)

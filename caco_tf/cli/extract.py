@@ -69,7 +69,6 @@ def main(argv=None):
     return cli.guard(work)
 
 
-
 def console():
     """``caco-extract``: ``main()``, then the process ends at once (``cli.exit_after``)."""
     cli.exit_after(main)

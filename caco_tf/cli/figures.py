@@ -47,7 +47,6 @@ def main(argv=None):
     return cli.guard(work)
 
 
-
 def console():
     """``caco-figures``: ``main()``, then the process ends at once (``cli.exit_after``)."""
     cli.exit_after(main)

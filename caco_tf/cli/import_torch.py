@@ -106,7 +106,6 @@ def import_checkpoint(args):
     return 0
 
 
-
 def console():
     """``caco-import-torch``: ``main()``, then the process ends at once (``cli.exit_after``)."""
     cli.exit_after(main)
