@@ -121,6 +121,14 @@ def negative_cosine(predictions, targets):
     return -tf.reduce_sum(predictions * targets, axis=-1)
 
 
+def embedding_spread(embeddings):
+    """The per-dimension standard deviation of the unit embeddings, averaged, ×√D: 1 for unit
+    vectors spread evenly over the sphere, 0 for a single point (SimSiam's collapse measure)."""
+    unit = l2_normalize(tf.cast(embeddings, tf.float32))
+    return tf.reduce_mean(tf.math.reduce_std(unit, axis=0)) * tf.sqrt(
+        tf.cast(tf.shape(unit)[-1], tf.float32))
+
+
 def moco_v3_loss(queries, keys, temperature, offset=0):
     """MoCo v3's ctr(q, k) per query, [N]: the cross-entropy of q̂_i·k̂_m/τ over every key m of
     the global batch (``keys`` [M, D], gathered), the positive at m = offset + i, times 2τ.

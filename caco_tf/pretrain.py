@@ -14,6 +14,7 @@ import yaml
 from caco_tf import __version__, data
 from caco_tf.build import (build_model, build_views, check_sizes, health_sample, load_data,
                            online_probe_classes, precise_bn)
+from caco_tf.data import service
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
 from caco_tf.training import callbacks, decisions, distribute, interrupts, peers, run_folder
@@ -82,6 +83,9 @@ def _run(config, folder, strategy, chief, verbose, stack):
     check_sizes(config, len(train), strategy.num_replicas_in_sync)
     probe_classes = online_probe_classes(config, train)
     views = build_views(config)  # checks the views' shapes: before anything is written
+    if config["data"]["service"]:  # servable, and the dispatcher answers
+        service.check_servable(train, views)
+        service.check_dispatcher(config["data"]["service"])
     if chief:  # the settings and data are sound: take the run folder (held until the end)
         created = not os.path.isdir(run_dir)
         os.makedirs(run_dir, exist_ok=True)
@@ -130,13 +134,20 @@ def _run(config, folder, strategy, chief, verbose, stack):
     # the place in the epoch's order its checkpoint recorded.  With the online probe the
     # batches carry the labels, which only the probe reads; the views are the same.
     position = data.StreamPosition()
-    dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
-        train, batch, views, seed=config["data"]["seed"], input_context=context,
-        skipped=skipped, image_size=config["data"]["image_size"],
-        channels=config["data"]["channels"], with_labels=probe_classes is not None,
-        first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
-        steps_per_epoch=steps_per_epoch, resume_at=backup.positions if backup else None,
-        position=position))
+    if config["data"]["service"]:  # batches made by tf.data service's workers
+        dataset = data.distribute(strategy, lambda context: service.served_pretrain_dataset(
+            train, batch, views, config["data"]["service"], seed=config["data"]["seed"],
+            input_context=context, skipped=skipped, channels=config["data"]["channels"],
+            with_labels=probe_classes is not None, first_epoch=backup.epoch if backup else 0,
+            first_step=backup.step if backup else 0, steps_per_epoch=steps_per_epoch))
+    else:
+        dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
+            train, batch, views, seed=config["data"]["seed"], input_context=context,
+            skipped=skipped, image_size=config["data"]["image_size"],
+            channels=config["data"]["channels"], with_labels=probe_classes is not None,
+            first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
+            steps_per_epoch=steps_per_epoch, resume_at=backup.positions if backup else None,
+            position=position))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
         health_sample(config, views, train), steps_per_epoch, batch,
@@ -163,6 +174,11 @@ def _run(config, folder, strategy, chief, verbose, stack):
                       + [callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
                       + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
                       + [skipped.callback()])
+    except tf.errors.OpError as error:  # the service lost a batch: one line, resumable
+        lost = service.batch_lost(error) if config["data"]["service"] else None
+        if lost is None:
+            raise
+        raise lost from None
     except Interrupted:
         for logger in loggers:
             if isinstance(logger, keras.callbacks.TensorBoard):

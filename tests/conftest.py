@@ -1,5 +1,5 @@
 """Test session set-up: CPU only, four logical CPU devices (for MirroredStrategy tests: 2 and 4
-replicas), quiet TensorFlow logs.
+replicas), quiet TensorFlow logs, no Grappler in the test process.
 
 The suite is CPU-only by design, on every host: its figures are compared bit for bit or to
 1e-5, which holds on one CPU and not across devices, and its multi-device tests use logical CPU
@@ -21,3 +21,10 @@ try:
         _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 4)
 except RuntimeError:  # already initialized by an earlier import: single-device tests still run
     pass
+
+# Grappler rewrites every function a test instantiates (each tf.data pipeline copies and
+# optimizes the process's whole function library): tests/test_data.py took 99 s without it,
+# 118 s with it, side by side.  The tests compare runs made in the same process or against
+# closed forms, so the rewrite changes nothing they check; the commands the tests start run
+# with TensorFlow's defaults, as users do.
+tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})

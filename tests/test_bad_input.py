@@ -11,11 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from caco_tf.cli import evaluate, export, extract, figures, import_torch, train
+from caco_tf.cli import data_service, evaluate, export, extract, figures, import_torch, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"train": train.main, "evaluate": evaluate.main, "figures": figures.main,
-            "export": export.main, "extract": extract.main, "import": import_torch.main}
+            "export": export.main, "extract": extract.main, "import": import_torch.main,
+            "data-service": data_service.main}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,13 @@ def places(tmp_path_factory):
 # (command, arguments, words the error line must hold); NEW is a path that must stay absent.
 CASES = [
     ("train", ["--set", "model.backbone=vgg99"], "model.backbone must be one of"),
+    ("train", ["--set", "data.service=localhost:5050"], "data.service runs the colour views"),
+    ("data-service", ["worker", "--dispatcher", "127.0.0.1:1"],
+     "data.service: no dispatcher answers at 127.0.0.1:1"),
+    ("data-service", ["worker", "--dispatcher", "nowhere"],
+     "data.service must be a dispatcher's HOST:PORT"),
+    ("data-service", ["dispatcher", "--port", "70000"], "--port must be in 0..65535"),
+    ("data-service", ["worker"], "the following arguments are required: --dispatcher"),
     ("train", ["--set", "data.image_size=3"], "data.image_size 3 is too small for"),
     ("train", ["--set", "train.learning_rate=-1"], "train.learning_rate must be a number > 0"),
     ("train", ["--set", "train.lr_warmup_epochs=50"], "train.lr_warmup_epochs must be at most"),

@@ -40,3 +40,12 @@ def test_moco_loss_puts_the_key_first():
     got = losses.moco_loss(queries, keys, bank, 0.2).numpy()
     logits = np.concatenate([np.sum(queries * keys, -1, keepdims=True), queries @ bank.T], 1)
     np.testing.assert_allclose(got, -_log_softmax(logits / 0.2)[:, 0], rtol=1e-5)
+
+
+def test_embedding_spread_is_one_for_an_even_spread_and_zero_for_a_point():
+    z = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32) * 3.0
+    expected = _unit(z).std(axis=0).mean() * np.sqrt(8)
+    np.testing.assert_allclose(losses.embedding_spread(z).numpy(), expected, rtol=1e-5)
+    basis = np.concatenate([np.eye(8), -np.eye(8)]).astype(np.float32)  # ±e_i: std 1/√8
+    np.testing.assert_allclose(losses.embedding_spread(basis).numpy(), 1.0, rtol=1e-5)
+    assert losses.embedding_spread(np.ones((5, 8), np.float32)).numpy() == 0.0

@@ -250,6 +250,11 @@ def text(pattern_words, check=lambda v: True):
     return Rule(lambda v: isinstance(v, str) and check(v), pattern_words)
 
 
+def _service_address(value):
+    host, _, port = value.removeprefix("grpc://").rpartition(":")
+    return value == "" or (bool(host) and port.isdigit() and 0 < int(port) < 65536)
+
+
 def _source(value, held_out=False):
     kind, _, rest = value.partition(":")
     if held_out:
@@ -359,6 +364,10 @@ CORE_SETTINGS = {
         "colour views: the input pipeline decodes, crops and flips each view; its colour "
         "jitter, grayscale, blur, solarization and normalization run in the compiled train step "
         "(the same views for the same seeds)"),
+    "data.service": Setting(
+        "", text("empty, or a tf.data service dispatcher's HOST:PORT", _service_address),
+        "run the input pipeline on tf.data service (caco-data-service): its dispatcher's "
+        "HOST:PORT, or empty for the trainer's own cores (docs/data-service.md)"),
     # data.views multicrop: SwAV's 2×224 + 6×96.
     "data.multicrop.local_size": Setting(
         96, integer(1, 4096), "multicrop: the side of the local crops"),
@@ -565,7 +574,7 @@ _OLD_WARMUP = ("warmup_epochs", "warmup_min_steps", "warmup_temperature", "resyn
 
 # Settings added since 0.3 whose absence from a saved configuration meant what their off value
 # means now: a run folder of 0.3 resumes without them listed as changes.
-ABSENT_MEANS_OFF = {("data", "views_on_device"): False}
+ABSENT_MEANS_OFF = {("data", "views_on_device"): False, ("data", "service"): ""}
 
 
 def upgrade_saved_config(tree):
@@ -651,6 +660,10 @@ def _validate(config):
         raise ConfigError("data.views_on_device applies to the colour views (asymmetric, "
                           "symmetric, multicrop), not to data.views digits: set "
                           "data.views_on_device false or choose colour views")
+    if data["service"] and (data["views"] == "digits" or data["extra_layers"]):
+        raise ConfigError("data.service runs the colour views (data.views asymmetric, symmetric "
+                          "or multicrop) without data.extra_layers; set data.service empty or "
+                          "change the views")
     if data["views_on_device"] and data["extra_layers"]:
         raise ConfigError(f"data.views_on_device cannot run data.extra_layers in the train step "
                           f"(got {len(data['extra_layers'])} layers): set data.extra_layers [] "

@@ -1,0 +1,213 @@
+"""data.service: the pre-training pipeline on tf.data service, with a dispatcher and two
+workers on 127.0.0.1 (``caco-data-service`` processes)."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from caco_tf import data
+from caco_tf.data import augment, service
+from caco_tf.data.sources import folder_source
+from caco_tf.training.config import ConfigError, load_config
+
+# One worker runs this module (pytest-xdist's loadgroup): its service is started once.
+pytestmark = pytest.mark.xdist_group("data_service")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH, STEPS = 4, 3
+
+
+def start_cluster(logs, workers=2):
+    """``caco-data-service`` processes on 127.0.0.1, standard error to files in ``logs`` (a
+    full pipe would block them): (the dispatcher's address, the processes, their lines)."""
+    from caco_tf.cli.data_service import free_port
+
+    env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
+    port, processes, lines = free_port(), [], []
+
+    def start(*args):
+        with open(os.path.join(logs, f"{args[0]}-{len(processes)}.log"), "w") as log:
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "caco_tf.cli.data_service", *args],
+                stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                start_new_session=True))
+        lines.append(processes[-1].stdout.readline().strip())
+
+    start("dispatcher", "--port", str(port))
+    for _ in range(workers):
+        start("worker", "--dispatcher", f"127.0.0.1:{port}", "--port", "0", "--host",
+              "127.0.0.1")
+    return f"127.0.0.1:{port}", processes, lines
+
+
+def stop_cluster(processes):
+    gc.collect()  # the iterators go while the service is there to answer them
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+        process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A dispatcher and two workers (``caco-data-service``): the dispatcher's address."""
+    address, processes, _ = start_cluster(str(tmp_path_factory.mktemp("service")))
+    yield address
+    stop_cluster(processes)
+
+
+def image_folder(root, count=12, bad=()):
+    """``count`` PNGs of 30×40 (different sizes do not matter to per-image views); the files
+    numbered in ``bad`` cut short."""
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        path = os.path.join(root, f"{index:02d}.png")
+        Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(path)
+        if index in bad:
+            with open(path, "r+b") as handle:
+                handle.truncate(60)
+    return folder_source(str(root))
+
+
+def test_the_service_gives_the_pipelines_batches(cluster, tmp_path):
+    source, views = image_folder(tmp_path / "images"), augment.AsymmetricViews(16)
+    plain = data.pretrain_dataset(source, BATCH, views, seed=3, steps_per_epoch=STEPS)
+    served = service.served_pretrain_dataset(source, BATCH, views, cluster, seed=3,
+                                             steps_per_epoch=STEPS)
+    expected = [batch for batch in plain.take(STEPS + 1)]  # into the second epoch
+    for want, got in zip(expected, served.take(STEPS + 1)):
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(b.numpy(), a.numpy())
+
+
+def test_a_bad_files_place_is_taken_by_a_good_image_of_its_batch_and_it_is_named(
+        cluster, tmp_path):
+    """The documented difference: without the service the next images of the order move up."""
+    source = image_folder(tmp_path / "images", count=8, bad=(5,))
+    skipped = data.SkippedFiles(list_path=str(tmp_path / "skipped_files.txt"))
+    served = service.served_pretrain_dataset(source, BATCH, augment.AsymmetricViews(16),
+                                             cluster, seed=0, steps_per_epoch=2,
+                                             skipped=skipped)
+    repeated = []  # per batch of epoch 0: the pairs of equal rows
+    for views in served.take(2):
+        rows = views[0].numpy()
+        repeated.append([(a, b) for a in range(BATCH) for b in range(a + 1, BATCH)
+                         if np.array_equal(rows[a], rows[b])])
+    assert sorted(len(pairs) for pairs in repeated) == [0, 1], repeated
+    assert skipped.total >= 1  # batch 2 (epoch 1) may be read ahead: the same file again
+    assert data.listed_unreadable(tmp_path / "skipped_files.txt") == [
+        str(tmp_path / "images" / "05.png")]
+
+
+def test_a_batch_that_never_comes_stops_the_run_with_one_line():
+    numbers = [0, 2, 3, 4]  # batch 1 was lost with its worker
+    served = tf.data.Dataset.from_tensor_slices((
+        tf.constant(numbers, tf.int64), tf.zeros([4, 2, 3]), tf.fill([4, 2], -1),
+        tf.fill([4, 2], "")))
+    ordered = service.in_order(served, first=0, ahead=2, grace=0.0)
+    with pytest.raises(tf.errors.OpError) as raised:
+        list(ordered)
+    lost = service.batch_lost(raised.value)
+    assert str(lost) == ("data.service: batch 1 never came (3 later ones did): a service "
+                         "worker stopped; run the same command to resume from the last save")
+    assert lost.exit_status == 75
+
+
+def test_an_unreachable_dispatcher_and_what_cannot_be_served_are_one_line(tmp_path):
+    from caco_tf.cli.data_service import free_port
+
+    port = free_port()
+    with pytest.raises(data.DataError, match=f"^data.service: no dispatcher answers at "
+                                             f"127.0.0.1:{port} .*leave data.service empty$"):
+        service.check_dispatcher(f"127.0.0.1:{port}", seconds=2)
+    with pytest.raises(data.DataError, match="^data.service must be a dispatcher's HOST:PORT"):
+        service.service_address("no-port")
+    with pytest.raises(data.DataError, match="^data.service reads image files"):
+        service.check_servable(data.ArraySource(np.zeros((4, 8, 8, 1), np.uint8)),
+                               augment.AsymmetricViews(8))
+    with pytest.raises(ConfigError, match="^data.service runs the colour views"):
+        load_config(None, ["data.service=localhost:5050"])  # the offline digits' views
+    with pytest.raises(ConfigError, match="data.service"):
+        load_config(None, ["data.service=localhost"])
+
+
+def test_the_commands_print_their_address_and_a_killed_worker_is_survived_or_one_line(
+        tmp_path):
+    """caco-data-service dispatcher / worker as processes: one line each; a worker killed
+    mid-stream either leaves the rest to the other worker or stops the stream with
+    ``BatchLost`` (a batch it held never comes)."""
+    address, processes, lines = start_cluster(str(tmp_path))
+    try:
+        port = address.rpartition(":")[2]
+        assert lines[0].startswith("dispatcher: ") and lines[0].endswith(
+            f":{port} (data.service for the trainers)"), lines
+        assert all(line.startswith("worker: 127.0.0.1:") and line.endswith(
+            f"for the dispatcher at {address}") for line in lines[1:]), lines
+        source = image_folder(tmp_path / "images", count=8)
+        stream = iter(service.served_pretrain_dataset(
+            source, BATCH, augment.AsymmetricViews(16), address, steps_per_epoch=2, ahead=8,
+            grace=5.0))
+        for _ in range(3):
+            next(stream)
+        os.killpg(processes[-1].pid, signal.SIGKILL)
+        try:
+            for _ in range(40):
+                next(stream)
+        except tf.errors.OpError as error:
+            assert service.batch_lost(error) is not None, str(error)[-500:]
+        del stream  # while the service answers
+    finally:
+        stop_cluster(processes)
+
+
+def _train_served(address, source, folder, stop_after=None):
+    """2 epochs of 2 steps of a tiny CaCo through the service, from the run folder's resume
+    state, as ``caco_tf.pretrain`` trains; a real SIGTERM to this process after global step
+    ``stop_after``.  Returns the model."""
+    import keras
+
+    from caco_tf.training import callbacks, interrupts
+    from caco_tf.training.run_folder import RunFolder
+    from tiny_methods import SIZE, tiny
+
+    keras.utils.set_random_seed(0)
+    model = tiny("caco", warmup_steps=2, run_eagerly=True)
+    point = RunFolder(folder).read_backup()
+    dataset = service.served_pretrain_dataset(
+        source, BATCH, augment.AsymmetricViews(SIZE, channels=1), address, seed=0,
+        channels=1, first_epoch=point.epoch if point else 0,
+        first_step=point.step if point else 0, steps_per_epoch=2)
+    signals = interrupts.StopSignals()
+    resume = callbacks.Resume(folder, steps_per_epoch=2, signals=signals, point=point)
+
+    def stop(batch, logs=None):
+        if int(model.optimizer.iterations.numpy()) == stop_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with signals:
+        model.fit(dataset, epochs=2, steps_per_epoch=2, verbose=0, callbacks=[
+            keras.callbacks.LambdaCallback(on_train_batch_end=stop), resume])
+    return model
+
+
+def test_a_sigterm_inside_an_epoch_resumes_through_the_service_bit_for_bit(cluster, tmp_path):
+    from caco_tf.training import interrupts
+
+    source = image_folder(tmp_path / "images", count=8)
+    uninterrupted = _train_served(cluster, source, str(tmp_path / "uninterrupted"))
+    folder = str(tmp_path / "stopped")
+    with pytest.raises(interrupts.Interrupted, match="stopped by SIGTERM at epoch 2, step 1"):
+        _train_served(cluster, source, folder, stop_after=3)
+    resumed = _train_served(cluster, source, folder)
+    for a, b in zip(uninterrupted.weights + uninterrupted.optimizer.variables,
+                    resumed.weights + resumed.optimizer.variables):
+        np.testing.assert_array_equal(b.numpy(), a.numpy(), err_msg=a.path)
