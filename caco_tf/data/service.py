@@ -29,7 +29,8 @@ from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
 
 from caco_tf.data import augment
 from caco_tf.data.pipeline import LAST_EPOCH, _decoder, map_naming_failures
-from caco_tf.data.sources import ArraySource, DataError, FileSource
+from caco_tf.data.sources import DataError, FileSource
+from caco_tf.training.config import is_service_address
 
 # The trainer takes a batch as lost (its worker stopped) once it has waited GRACE seconds with
 # more than AHEAD later batches in hand: a worker that starts slowly (it builds the pipeline
@@ -58,11 +59,9 @@ LOST, RESUME = "data.service: batch ", "to resume from the last save"
 
 def service_address(address):
     """``host:port`` or ``grpc://host:port`` → ``grpc://host:port``; DataError otherwise."""
-    bare = str(address).removeprefix("grpc://")
-    host, _, port = bare.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not address or not is_service_address(address):
         raise DataError(f"data.service must be a dispatcher's HOST:PORT, got {address!r}")
-    return f"grpc://{bare}"
+    return f"grpc://{str(address).removeprefix('grpc://')}"
 
 
 def check_dispatcher(address, seconds=10.0):
@@ -78,7 +77,7 @@ def check_dispatcher(address, seconds=10.0):
 
 def check_servable(source, views):
     """DataError (one line) for what the service cannot run: see the module's docstring."""
-    if isinstance(source, ArraySource) or not isinstance(source, FileSource):
+    if not isinstance(source, FileSource):
         raise DataError(f"data.service reads image files (a folder or a list of files); "
                         f"{source.name} is not: train without data.service")
     if not getattr(views, "per_image", False):

@@ -250,8 +250,9 @@ def text(pattern_words, check=lambda v: True):
     return Rule(lambda v: isinstance(v, str) and check(v), pattern_words)
 
 
-def _service_address(value):
-    host, _, port = value.removeprefix("grpc://").rpartition(":")
+def is_service_address(value):
+    """Whether ``value`` is empty or a dispatcher's HOST:PORT (``grpc://`` allowed)."""
+    host, _, port = str(value).removeprefix("grpc://").rpartition(":")
     return value == "" or (bool(host) and port.isdigit() and 0 < int(port) < 65536)
 
 
@@ -365,7 +366,7 @@ CORE_SETTINGS = {
         "jitter, grayscale, blur, solarization and normalization run in the compiled train step "
         "(the same views for the same seeds)"),
     "data.service": Setting(
-        "", text("empty, or a tf.data service dispatcher's HOST:PORT", _service_address),
+        "", text("empty, or a tf.data service dispatcher's HOST:PORT", is_service_address),
         "run the input pipeline on tf.data service (caco-data-service): its dispatcher's "
         "HOST:PORT, or empty for the trainer's own cores (docs/data-service.md)"),
     # data.views multicrop: SwAV's 2×224 + 6×96.
