@@ -16,8 +16,6 @@ from caco_tf.training import callbacks
 from caco_tf.nets.layers import BatchNormalization
 from caco_tf.methods import CaCo
 
-# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
-pytestmark = pytest.mark.xdist_group("evaluation")
 
 
 def _unit(x):

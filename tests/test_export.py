@@ -20,8 +20,6 @@ from caco_tf.data import images as image_ops
 from caco_tf.serving import export
 from caco_tf.methods import build_encoder
 
-# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
-pytestmark = pytest.mark.xdist_group("export")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEAN, STD = 0.5, 0.25

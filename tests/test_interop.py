@@ -20,8 +20,6 @@ from caco_tf.nets import backbones  # noqa: E402
 from caco_tf.serving import export, interop  # noqa: E402
 from caco_tf.training.config import load_config  # noqa: E402
 
-# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
-pytestmark = pytest.mark.xdist_group("interop")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,8 +16,6 @@ import pytest
 
 from caco_tf.training.run_folder import RunFolder, weight_arrays
 
-# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
-pytestmark = pytest.mark.xdist_group("long_run_faults")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -220,7 +218,7 @@ def test_a_closed_standard_output_is_one_warning_and_the_run_goes_on(tiny, tmp_p
 def test_a_closed_terminal_saves_as_sigterm_does(tiny, tmp_path):
     """A run in a terminal that closes (an ssh session lost): the kernel sends SIGHUP and the
     terminal takes no more output; the run finishes its step, saves and exits with 129 (what
-    follows a save is the same as after SIGTERM: tests/test_train_cli.py)."""
+    follows a save is the same as after SIGINT: tests/test_train_cli.py)."""
     import fcntl
     import pty
     import select

@@ -20,8 +20,6 @@ from caco_tf.data import augment
 from caco_tf.data.sources import unreachable_reason
 from caco_tf.training.config import load_config
 
-# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
-pytestmark = pytest.mark.xdist_group("tfds_prepare")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

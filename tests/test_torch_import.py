@@ -25,8 +25,6 @@ from caco_tf.training.run_folder import RunFolder
 from caco_tf.training.config import load_config
 from caco_tf.serving.torch_import import CheckpointError
 
-# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
-pytestmark = pytest.mark.xdist_group("torch_import")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "imagenet_resnet50_b1024.yaml")

@@ -17,8 +17,6 @@ import yaml
 from caco_tf.training import optimizers
 from caco_tf.training.run_folder import weight_arrays
 
-# One worker runs this module (pytest-xdist's loadgroup): its module fixtures are made once.
-pytestmark = pytest.mark.xdist_group("train_cli")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4  # 256 images / batch 64
@@ -79,50 +77,6 @@ def finished_run(small_data, tmp_path_factory):
 TIMING = ("step_ms", "images_per_s", "data_wait")  # wall-clock figures: never equal twice
 
 
-def test_a_run_killed_mid_epoch_ends_as_the_uninterrupted_run(small_data, finished_run,
-                                                              tmp_path):
-    """Killed in epoch 3 and resumed, the run ends with the uninterrupted run's weights, bank,
-    bank momentum, optimizer state and history, bit for bit (one machine, same seed)."""
-    config = small_config(tmp_path, small_data)
-    run_dir = str(tmp_path / "run")
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    process = subprocess.Popen([sys.executable, "train.py", "--config", config, "--run-dir",
-                                run_dir, "--quiet"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while _epochs_done(run_dir) < 2 and process.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    killed_after = _epochs_done(run_dir)
-    assert 2 <= killed_after < 4, "the run should be killed mid-way"
-    with open(os.path.join(run_dir, "backup", "training_metadata.json")) as handle:
-        saved_epoch = json.load(handle)["checkpoints"][0]["epoch"]  # epochs backed up
-    before = json.load(open(os.path.join(run_dir, "history.json")))
-
-    result = train("--config", config, "--run-dir", run_dir)
-    assert result.returncode == 0, result.stderr[-2000:]
-    # It went on from the backup: only the epochs after it were trained again.
-    epochs_run = [line for line in result.stdout.splitlines() if line.startswith("Epoch ")]
-    assert saved_epoch >= 2
-    assert epochs_run[0] == f"Epoch {saved_epoch + 1}/4"
-    history = json.load(open(os.path.join(run_dir, "history.json")))
-    assert [row["epoch"] for row in history] == [1, 2, 3, 4]
-    assert history[:saved_epoch] == before[:saved_epoch]
-    # The optimizer's step counter came back too: the last epoch's mean learning rate is the
-    # schedule's over steps 12..15, not over a restarted 0..3.
-    schedule = optimizers.WarmupCosine(0.03 * 64 / 256, 4 * STEPS, STEPS)
-    expected_lr = np.mean([float(schedule(step)) for step in range(3 * STEPS, 4 * STEPS)])
-    assert history[3]["lr"] == pytest.approx(expected_lr, rel=1e-4)
-    assert history[3]["bank_lr"] > 0  # past the warm-up epoch: the CaCo phase
-
-    # Against the run that was never interrupted: the same images, order and views were seen.
-    assert_same_run(run_dir, finished_run[1])
-    assert "run folder: " + os.path.abspath(run_dir) in result.stdout
-    assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
-                                       "saved_model.pb"))
-
-
 def assert_same_run(run_dir, reference_dir):
     """The two runs' histories (but wall-clock figures) and final weights, bank, bank momentum
     and optimizer state are equal bit for bit."""
@@ -139,13 +93,15 @@ def assert_same_run(run_dir, reference_dir):
         np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
 
 
-@pytest.mark.parametrize("name,status,per_call", [("TERM", 143, 1), ("INT", 130, 2)])
+# SIGTERM and SIGHUP through the same command: tests/test_long_run_faults.py (a closed
+# terminal), tests/test_distributed.py (a preempted worker).
+@pytest.mark.parametrize("name,status,per_call", [("INT", 130, 2)])
 def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
         small_data, finished_run, tmp_path, name, status, per_call):
-    """SIGTERM (a preemption) or SIGINT (Ctrl-C) after step 6, inside epoch 2: the step ends,
-    the state is saved with the stream's position, one line says so, the exit status is
-    128 + the signal; the same command then ends as the uninterrupted run, bit for bit (also
-    when the stopped run took 2 steps per compiled call: train.steps_per_execution)."""
+    """SIGINT (Ctrl-C) after step 6, inside epoch 2, the stopped run taking 2 steps per
+    compiled call (train.steps_per_execution): the step ends, the state is saved with the
+    stream's position, one line says so, the exit status is 128 + the signal; the same
+    command, one step per call, then ends as the uninterrupted run, bit for bit."""
     config = small_config(tmp_path, small_data)
     run_dir = str(tmp_path / "run")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
@@ -171,8 +127,10 @@ def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
 
 def test_a_hard_kill_loses_at_most_the_time_since_the_last_periodic_save(
         small_data, finished_run, tmp_path):
-    """With saves every 0.6 s inside the epochs, SIGKILL once a mid-epoch save exists: the
-    resume starts inside the epoch and still ends as the uninterrupted run, bit for bit."""
+    """With saves every 0.6 s inside the epochs, SIGKILL once a mid-epoch save exists after
+    epoch 1: the same command resumes inside the epoch and ends with the uninterrupted run's
+    weights, bank, bank momentum, optimizer state and history, bit for bit (one machine, same
+    seed)."""
     config = small_config(tmp_path, small_data)
     run_dir = str(tmp_path / "run")
     every = ["--set", "train.checkpoint_every_minutes=0.01"]
@@ -199,9 +157,29 @@ def test_a_hard_kill_loses_at_most_the_time_since_the_last_periodic_save(
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert newest and newest["step"] > 0, "no mid-epoch save before the kill"
-    resumed = train("--config", config, "--run-dir", run_dir, "--quiet", *every)
+    saved_epoch = newest["epoch"]  # whole epochs before the save
+    before = json.load(open(os.path.join(run_dir, "history.json")))
+
+    resumed = train("--config", config, "--run-dir", run_dir, *every)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # It went on from the save, inside the epoch it stopped in: no epoch was trained again.
+    epochs_run = [line for line in resumed.stdout.splitlines() if line.startswith("Epoch ")]
+    assert epochs_run[0] == f"Epoch {saved_epoch + 1}/4"
+    history = json.load(open(os.path.join(run_dir, "history.json")))
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4]
+    assert history[:saved_epoch] == before[:saved_epoch]
+    # The optimizer's step counter came back too: the last epoch's mean learning rate is the
+    # schedule's over steps 12..15, not over a restarted 0..3.
+    schedule = optimizers.WarmupCosine(0.03 * 64 / 256, 4 * STEPS, STEPS)
+    expected_lr = np.mean([float(schedule(step)) for step in range(3 * STEPS, 4 * STEPS)])
+    assert history[3]["lr"] == pytest.approx(expected_lr, rel=1e-4)
+    assert history[3]["bank_lr"] > 0  # past the warm-up epoch: the CaCo phase
+
+    # Against the run that was never interrupted: the same images, order and views were seen.
     assert_same_run(run_dir, finished_run[1])
+    assert "run folder: " + os.path.abspath(run_dir) in resumed.stdout
+    assert os.path.exists(os.path.join(run_dir, "saved_model", "backbone", "1",
+                                       "saved_model.pb"))
 
 
 def test_a_resume_refuses_new_schedules_unless_told_to_rescale(finished_run, tmp_path):
