@@ -107,9 +107,15 @@ def export_saved_model(backbone, path, image_size, channels, mean, std, embedder
 
     images_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
 
+    # Both signatures call this one function: the backbone is traced (and saved) once.
+    @tf.function(input_signature=[tf.TensorSpec([None, image_size, image_size, channels],
+                                                tf.float32)], autograph=False)
+    def features(pixels):
+        return backbone(pixels, training=False)
+
     @tf.function(input_signature=[images_spec], autograph=False)
     def serve(images):
-        return {"features": backbone(normalized(images), training=False)}
+        return {"features": features(normalized(images))}
 
     def one_file(contents):
         return normalized(decode_image(contents, channels)[tf.newaxis])[0]
@@ -121,7 +127,7 @@ def export_saved_model(backbone, path, image_size, channels, mean, std, embedder
         images = tf.map_fn(
             one_file, image_bytes,
             fn_output_signature=tf.TensorSpec([image_size, image_size, channels], tf.float32))
-        return {"features": backbone(images, training=False)}
+        return {"features": features(images)}
 
     signatures = {"serving_default": serve, "serve_bytes": serve_bytes}
     if embedder is not None:
