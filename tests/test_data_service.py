@@ -17,8 +17,6 @@ from caco_tf.data import augment, service
 from caco_tf.data.sources import folder_source
 from caco_tf.training.config import ConfigError, load_config
 
-# One worker runs this module (pytest-xdist's loadgroup): its service is started once.
-pytestmark = pytest.mark.xdist_group("data_service")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, STEPS = 4, 3
@@ -38,12 +36,13 @@ def start_cluster(logs, workers=2):
                 [sys.executable, "-m", "caco_tf.cli.data_service", *args],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=env,
                 start_new_session=True))
-        lines.append(processes[-1].stdout.readline().strip())
 
     start("dispatcher", "--port", str(port))
+    lines.append(processes[0].stdout.readline().strip())  # the workers look for it at once
     for _ in range(workers):
         start("worker", "--dispatcher", f"127.0.0.1:{port}", "--port", "0", "--host",
               "127.0.0.1")
+    lines += [process.stdout.readline().strip() for process in processes[1:]]
     return f"127.0.0.1:{port}", processes, lines
 
 
@@ -78,13 +77,23 @@ def image_folder(root, count=12, bad=()):
     return folder_source(str(root))
 
 
-def test_the_service_gives_the_pipelines_batches(cluster, tmp_path):
+def test_the_service_gives_the_pipelines_batches_for_each_trainer(cluster, tmp_path):
     source, views = image_folder(tmp_path / "images"), augment.AsymmetricViews(16)
     plain = data.pretrain_dataset(source, BATCH, views, seed=3, steps_per_epoch=STEPS)
     served = service.served_pretrain_dataset(source, BATCH, views, cluster, seed=3,
                                              steps_per_epoch=STEPS)
     expected = [batch for batch in plain.take(STEPS + 1)]  # into the second epoch
     for want, got in zip(expected, served.take(STEPS + 1)):
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(b.numpy(), a.numpy())
+
+    # The second of two trainers (MultiWorkerMirroredStrategy): its own share of the images,
+    # as its own pipeline would take it (tests/test_data.py: the shares part the epoch).
+    context = tf.distribute.InputContext(2, 1, 2)
+    plain = data.pretrain_dataset(source, BATCH, views, seed=3, input_context=context)
+    served = service.served_pretrain_dataset(source, BATCH, views, cluster, seed=3,
+                                             input_context=context)
+    for want, got in zip(plain.take(2), served.take(2)):  # both batches of the share's epoch
         for a, b in zip(want, got):
             np.testing.assert_array_equal(b.numpy(), a.numpy())
 
@@ -140,11 +149,12 @@ def test_an_unreachable_dispatcher_and_what_cannot_be_served_are_one_line(tmp_pa
         load_config(None, ["data.service=localhost"])
 
 
-def test_the_commands_print_their_address_and_a_killed_worker_is_survived_or_one_line(
+def test_the_commands_print_their_address_and_a_lost_worker_or_dispatcher_is_one_line(
         tmp_path):
     """caco-data-service dispatcher / worker as processes: one line each; a worker killed
     mid-stream either leaves the rest to the other worker or stops the stream with
-    ``BatchLost`` (a batch it held never comes)."""
+    ``BatchLost`` (a batch it held never comes); the dispatcher killed mid-stream stops the
+    next stream with ``BatchLost`` once no batch has come for the given time."""
     address, processes, lines = start_cluster(str(tmp_path))
     try:
         port = address.rpartition(":")[2]
@@ -165,6 +175,19 @@ def test_the_commands_print_their_address_and_a_killed_worker_is_survived_or_one
         except tf.errors.OpError as error:
             assert service.batch_lost(error) is not None, str(error)[-500:]
         del stream  # while the service answers
+
+        stream = iter(service.served_pretrain_dataset(
+            source, BATCH, augment.AsymmetricViews(16), address, steps_per_epoch=2,
+            silence=3.0))
+        next(stream)
+        os.killpg(processes[0].pid, signal.SIGKILL)  # the dispatcher
+        with pytest.raises(tf.errors.OpError) as raised:
+            for _ in range(40):
+                next(stream)
+        assert str(service.batch_lost(raised.value)) == (
+            f"data.service: no batch came for 3 s from the service at {address}: its "
+            f"dispatcher or every worker stopped; start them again and run the same command "
+            f"to resume from the last save")
     finally:
         stop_cluster(processes)
 

@@ -20,7 +20,9 @@ batch views of ``data.views digits``.  Every worker must read the image files at
 the trainer lists (a shared file system, mounted at the same place).
 """
 
+import queue
 import socket
+import threading
 import time
 
 import tensorflow as tf
@@ -36,11 +38,16 @@ from caco_tf.training.config import is_service_address
 # more than AHEAD later batches in hand: a worker that starts slowly (it builds the pipeline
 # before its first batch) can be ~30 batches behind its peers on a loaded machine.
 AHEAD, GRACE = 64, 60.0
+# And the service as lost (its dispatcher, or every worker) after SILENCE seconds without any
+# batch: TensorFlow's client waits for a lost dispatcher for ever.  Generous, as a job's first
+# batch waits for the workers to build the pipeline from a graph holding every file name.
+SILENCE = 600.0
 
 
 class BatchLost(DataError):
-    """A batch the service never delivered (its worker stopped): the run stops and resumes
-    from its last save with the same command.  Exit status 75, as for a lost peer."""
+    """Batches the service never delivered (a worker, the dispatcher or every worker stopped):
+    the run stops and resumes from its last save with the same command.  Exit status 75, as for
+    a lost peer."""
 
     exit_status = 75
 
@@ -54,7 +61,7 @@ def batch_lost(error):
     return BatchLost(message[start:message.find(RESUME, start) + len(RESUME)])
 
 
-LOST, RESUME = "data.service: batch ", "to resume from the last save"
+LOST, RESUME = "data.service: ", "to resume from the last save"
 
 
 def service_address(address):
@@ -151,15 +158,61 @@ def through_service(stream, address):
                                            service=service_address(address)))
 
 
-def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=GRACE):
+def _until_silent(served, seconds, address):
+    """The elements of ``served``, read in a thread of their own; ``BatchLost`` when none has
+    come for ``seconds`` (for the first: ``SILENCE`` at least).  The thread, stuck on a lost
+    service, is left behind; the process ends at once after the error line."""
+    handoff, end, closed = queue.Queue(maxsize=1), object(), threading.Event()
+
+    def hand(element):  # False once the trainer has closed the stream
+        while not closed.is_set():
+            try:
+                handoff.put(element, timeout=1.0)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def read():
+        try:
+            for element in served:
+                if not hand(element):
+                    return  # the iterator goes with this thread, the service still there
+            hand(end)
+        except Exception as error:  # noqa: BLE001  (raised again on the trainer's side)
+            hand(error)
+
+    threading.Thread(target=read, name="data-service-reader", daemon=True).start()
+    wait = max(seconds, SILENCE)  # the first batch waits for the workers to build the pipeline
+    try:
+        while True:
+            try:
+                element = handoff.get(timeout=wait)
+                wait = seconds
+            except queue.Empty:
+                raise BatchLost(f"{LOST}no batch came for {wait:.0f} s from the service at "
+                                f"{address}: its dispatcher or every worker stopped; start "
+                                f"them again and run the same command {RESUME}") from None
+            if element is end:
+                return
+            if isinstance(element, Exception):
+                raise element
+            yield element
+    finally:
+        closed.set()
+
+
+def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=GRACE,
+             silence=SILENCE, address=None):
     """The served (number, views, labels, bad) batches in the order of their numbers from
     ``first``, as (views) or (views, labels), each batch's bad files recorded in ``skipped``
-    as the trainer reaches it; ``BatchLost`` when a batch never comes (a worker stopped)."""
+    as the trainer reaches it; ``BatchLost`` when a batch never comes (a worker stopped) or
+    none comes for ``silence`` seconds (the dispatcher at ``address``, or every worker)."""
     spec = served.element_spec
 
     def ordered():
         waiting, expected, since = {}, int(first), None
-        for number, views, labels, bad in served:
+        for number, views, labels, bad in _until_silent(served, silence, address):
             waiting[int(number)] = (views, labels, bad)
             while expected in waiting:
                 views, labels, bad = waiting.pop(expected)
@@ -171,7 +224,7 @@ def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=
                 expected += 1
             since = None if len(waiting) <= ahead else since or time.monotonic()
             if since is not None and time.monotonic() - since >= grace:
-                raise BatchLost(f"{LOST}{expected} never came ({len(waiting)} later ones "
+                raise BatchLost(f"{LOST}batch {expected} never came ({len(waiting)} later ones "
                                 f"did): a service worker stopped; run the same command "
                                 f"{RESUME}")
 
@@ -183,7 +236,8 @@ def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=
 
 def served_pretrain_dataset(source, batch_size, views, address, seed=0, input_context=None,
                             skipped=None, channels=None, with_labels=False, first_epoch=0,
-                            steps_per_epoch=None, first_step=0, ahead=AHEAD, grace=GRACE):
+                            steps_per_epoch=None, first_step=0, ahead=AHEAD, grace=GRACE,
+                            silence=SILENCE):
     """``pipeline.pretrain_dataset``'s stream of view batches, made by the service at
     ``address`` (module docstring: what differs, what cannot be served)."""
     check_servable(source, views)
@@ -199,5 +253,5 @@ def served_pretrain_dataset(source, batch_size, views, address, seed=0, input_co
     stream = batch_stream(source, batch, views, seed, shards, channels or views.channels,
                           steps, first, with_labels)
     return in_order(through_service(stream, address), first, skipped, with_labels, ahead,
-                    grace)
+                    grace, silence, address)
 
