@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from caco_tf import bank as bank_lib
-from caco_tf import build, losses, methods
+from caco_tf import losses, methods
 from caco_tf.training.config import ConfigError, load_config
 from caco_tf.methods import ContrastiveMethod, Method
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from caco_tf import losses, methods
-from tiny_methods import BANK, BATCH, tiny, views
+from tiny_methods import BATCH, tiny, views
 
 NEW = ("byol", "simsiam", "moco_v3", "nnclr", "swav", "dino", "barlow_twins", "vicreg")
 

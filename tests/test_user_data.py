@@ -14,7 +14,6 @@ import yaml
 from PIL import Image
 
 from caco_tf import data
-from caco_tf.data import augment
 from caco_tf.evaluation import knn
 from test_data import EchoImageViews
 
