@@ -16,6 +16,7 @@ from caco_tf import data
 from caco_tf.data import augment, service
 from caco_tf.data.sources import folder_source
 from caco_tf.training.config import ConfigError, load_config
+import launch
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +33,7 @@ def start_cluster(logs, workers=2):
 
     def start(*args):
         with open(os.path.join(logs, f"{args[0]}-{len(processes)}.log"), "w") as log:
-            processes.append(subprocess.Popen(
+            processes.append(launch.Popen(
                 [sys.executable, "-m", "caco_tf.cli.data_service", *args],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=env,
                 start_new_session=True))

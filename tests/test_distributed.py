@@ -18,6 +18,7 @@ import tensorflow as tf
 from caco_tf.training import distribute
 from caco_tf.training.config import ConfigError
 from test_model import BATCH, one_batch_dataset, tiny_caco, views
+import launch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,7 +168,7 @@ def _launch(index, ports, run_dir, log_dir, attempt, *extra, script=("train.py",
                "--set", "model.widths=[8,16,32,64]", "--set", "model.projector_hidden=64",
                "--set", "train.jit_compile=false", "--set", "train.steps_per_execution=1",
                "--run-dir", run_dir, "--quiet", *extra]
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    return launch.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
 

@@ -19,6 +19,7 @@ from caco_tf.nets import backbones
 from caco_tf.data import images as image_ops
 from caco_tf.serving import export
 from caco_tf.methods import build_encoder
+import launch
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,7 +241,7 @@ def image_folder(exported, tmp_path):
 
 def test_extract_features_from_an_image_folder(exported, image_folder, tmp_path):
     out = tmp_path / "features"
-    result = subprocess.run(
+    result = launch.run(
         [sys.executable, "export/extract_features.py", "--model", str(exported.directory /
          "backbone"), "--images", str(image_folder), "--out", str(out), "--batch-size", "2"],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)

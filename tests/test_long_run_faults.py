@@ -16,6 +16,8 @@ import pytest
 
 from caco_tf.training.run_folder import RunFolder, weight_arrays
 
+import launch
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,7 +48,7 @@ def environment():
 
 
 def run(arguments, cwd, **kwargs):
-    return subprocess.run(arguments, cwd=str(cwd), env=environment(), capture_output=True,
+    return launch.run(arguments, cwd=str(cwd), env=environment(), capture_output=True,
                           text=True, timeout=300, **kwargs)
 
 
@@ -94,7 +96,7 @@ def test_a_second_launch_on_a_new_folder_leaves_it_to_the_first(tiny, tmp_path):
     first trains: the second is refused in one line and deletes nothing (it used to remove the
     folder the first was training in)."""
     run_dir = tmp_path / "run"
-    second = subprocess.Popen([sys.executable, "-c", LATE, "--quiet", "--run-dir", str(run_dir),
+    second = launch.Popen([sys.executable, "-c", LATE, "--quiet", "--run-dir", str(run_dir),
                                *tiny], cwd=str(tmp_path), env=environment(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert second.stdout.readline() == "no folder yet\n"
@@ -203,7 +205,7 @@ def test_a_closed_standard_output_is_one_warning_and_the_run_goes_on(tiny, tmp_p
     """``caco-train | head -1``: the reader goes away after the first line; the run goes on to
     its end (exit status 0), says so once on standard error, and keeps its folder."""
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(command(run_dir, tiny), cwd=str(tmp_path), env=environment(),
+    process = launch.Popen(command(run_dir, tiny), cwd=str(tmp_path), env=environment(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline().startswith("images: ")
     process.stdout.close()  # as `head -1` does once it has its line
@@ -231,7 +233,7 @@ def test_a_closed_terminal_saves_as_sigterm_does(tiny, tmp_path):
         os.setsid()
         fcntl.ioctl(attached, termios.TIOCSCTTY, 0)
 
-    process = subprocess.Popen(command(run_dir, tiny), cwd=str(tmp_path), env=environment(),
+    process = launch.Popen(command(run_dir, tiny), cwd=str(tmp_path), env=environment(),
                                stdin=attached, stdout=attached, stderr=attached,
                                preexec_fn=in_the_terminal)
     os.close(attached)
@@ -263,7 +265,7 @@ def test_signals_are_honoured_while_the_input_waits_for_ever(tiny, tmp_path):
     names = [str(folder / f"{number:03d}.png") for number in range(64)]
     for name in names:
         Image.fromarray(np.full((28, 28), 128, np.uint8)).save(name)
-    process = subprocess.Popen(command(tmp_path / "run", tiny, "--quiet")
+    process = launch.Popen(command(tmp_path / "run", tiny, "--quiet")
                                + ["--set", f"data.source=folder:{folder}"],
                                cwd=str(tmp_path), env=environment(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)

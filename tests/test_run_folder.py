@@ -16,6 +16,7 @@ import pytest
 
 from caco_tf.training import run_folder
 from caco_tf.training.run_folder import RunFolder, RunFolderError, WriteError
+import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,7 +138,7 @@ HOLD = ("import sys, time; from caco_tf.training.run_folder import RunFolder; "
 def test_one_writer_per_run_folder_and_a_dead_holder_does_not_block(tmp_path):
     folder = RunFolder(str(tmp_path / "run"))
     env = dict(os.environ, PYTHONPATH=ROOT)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, folder.path], env=env,
+    holder = launch.Popen([sys.executable, "-c", HOLD, folder.path], env=env,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -167,7 +168,7 @@ def test_a_run_folder_too_small_for_the_run_is_refused_at_the_start_with_the_siz
         run_dir = os.path.join(disk, "run")
         env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
                    CUDA_VISIBLE_DEVICES="")
-        result = subprocess.run(
+        result = launch.run(
             [sys.executable, os.path.join(ROOT, "train.py"), "--run-dir", run_dir, "--quiet",
              "--set", f"data.source=npz:{data}", "--set", "train.epochs=2", "--set", "method.caco.warmup_epochs=1",
              "--set", "train.batch_size=64", "--set", "method.caco.bank_size=64",

@@ -19,6 +19,7 @@ from caco_tf import build, data
 from caco_tf.data import augment
 from caco_tf.data.sources import unreachable_reason
 from caco_tf.training.config import load_config
+import launch
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +70,7 @@ def test_the_prepared_data_set_is_read_by_name_by_the_evaluation_command(tiny_di
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     build.build_model(config, steps_per_epoch=1).save_weights(
         str(run_dir / "checkpoints" / "last.weights.h5"))
-    result = subprocess.run([sys.executable, "-m", "caco_tf.cli.evaluate", "knn", "--run",
+    result = launch.run([sys.executable, "-m", "caco_tf.cli.evaluate", "knn", "--run",
                              str(run_dir)], cwd=str(tmp_path), capture_output=True, text=True,
                             timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr[-2000:]

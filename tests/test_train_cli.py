@@ -17,6 +17,8 @@ import yaml
 from caco_tf.training import optimizers
 from caco_tf.training.run_folder import weight_arrays
 
+import launch
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4  # 256 images / batch 64
@@ -48,7 +50,7 @@ def small_config(tmp_path, data_path, epochs=4):
 
 def train(*args, **kwargs):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT,
+    return launch.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300, **kwargs)
 
 
@@ -105,7 +107,7 @@ def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
     config = small_config(tmp_path, small_data)
     run_dir = str(tmp_path / "run")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    stopped = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "stop_at_step.py"),
+    stopped = launch.run([sys.executable, os.path.join(ROOT, "tests", "stop_at_step.py"),
                               "6", name, "--config", config, "--run-dir", run_dir, "--quiet",
                               "--set", f"train.steps_per_execution={per_call}"],
                              cwd=str(tmp_path), env=env, capture_output=True, text=True,
@@ -136,7 +138,7 @@ def test_a_hard_kill_loses_at_most_the_time_since_the_last_periodic_save(
     every = ["--set", "train.checkpoint_every_minutes=0.01"]
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     # Slowed a little (40 ms a step) so that several periodic saves fall inside epochs.
-    process = subprocess.Popen(
+    process = launch.Popen(
         [sys.executable, "-c", "import sys, time; sys.argv[0] = 'train.py';"
          "from caco_tf.training import callbacks as c; end = c.Throughput.on_train_batch_end;"
          "c.Throughput.on_train_batch_end = lambda s, b, logs=None: (time.sleep(0.04), end(s, b, logs));"
@@ -225,12 +227,12 @@ def test_resuming_with_a_differently_shaped_model_is_a_one_line_error(finished_r
 def test_export_entry_point_rebuilds_the_run(finished_run, tmp_path):
     _, run_dir = finished_run
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "export/export_saved_model.py", "--run", run_dir,
+    result = launch.run([sys.executable, "export/export_saved_model.py", "--run", run_dir,
                              "--out", str(tmp_path / "served"), "--serving-version", "7"], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert os.path.exists(tmp_path / "served" / "backbone" / "7" / "saved_model.pb")
-    missing = subprocess.run([sys.executable, "export/export_saved_model.py", "--run",
+    missing = launch.run([sys.executable, "export/export_saved_model.py", "--run",
                               str(tmp_path / "nothing")], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "error: no config.yaml in " in missing.stderr

@@ -16,6 +16,7 @@ from PIL import Image
 from caco_tf import data
 from caco_tf.evaluation import knn
 from test_data import EchoImageViews
+import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,7 +211,7 @@ def test_training_on_a_split_folder_prints_a_knn(tmp_path):
                              "health_images": 16}}
     path = tmp_path / "photos.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config",
+    result = launch.run([sys.executable, os.path.join(ROOT, "train.py"), "--config",
                              str(path), "--run-dir", str(tmp_path / "run"), "--quiet"],
                             capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
                             env=dict(os.environ, PYTHONPATH=ROOT))
@@ -254,7 +255,7 @@ def test_the_shipped_configuration_for_own_images(tmp_path):
     assert build.warmup_steps(settings, 20_000) == 20_000
 
     root = make_split_folder(tmp_path / "photos", train=8, val=4)  # 24 train, 12 val images
-    result = subprocess.run(
+    result = launch.run(
         [sys.executable, os.path.join(ROOT, "train.py"), "--config", shipped,
          "--set", f"data.source=folder:{root}", "--set", "data.image_size=64",
          "--set", "train.batch_size=4", "--set", "train.epochs=2",
