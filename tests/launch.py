@@ -286,9 +286,9 @@ def become(request):
     _replaced.extend([sys.stdin, sys.stdout, sys.stderr])  # collected, they would close 0-2
     sys.stdin = sys.__stdin__ = open(0, "r", closefd=False)
     sys.stdout = sys.__stdout__ = open(1, "w", buffering=1 if os.isatty(1) else -1,
-                                        closefd=False)
+                                       closefd=False)
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False,
-                                        errors="backslashreplace")
+                                       errors="backslashreplace")
     random.seed()
     import numpy
 

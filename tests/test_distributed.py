@@ -169,7 +169,7 @@ def _launch(index, ports, run_dir, log_dir, attempt, *extra, script=("train.py",
                "--set", "train.jit_compile=false", "--set", "train.steps_per_execution=1",
                "--run-dir", run_dir, "--quiet", *extra]
     return launch.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                        start_new_session=True)
 
 
 def _epochs_logged(run_dir):

@@ -49,7 +49,7 @@ def environment():
 
 def run(arguments, cwd, **kwargs):
     return launch.run(arguments, cwd=str(cwd), env=environment(), capture_output=True,
-                          text=True, timeout=300, **kwargs)
+                      text=True, timeout=300, **kwargs)
 
 
 def errors(stderr):
@@ -97,8 +97,8 @@ def test_a_second_launch_on_a_new_folder_leaves_it_to_the_first(tiny, tmp_path):
     folder the first was training in)."""
     run_dir = tmp_path / "run"
     second = launch.Popen([sys.executable, "-c", LATE, "--quiet", "--run-dir", str(run_dir),
-                               *tiny], cwd=str(tmp_path), env=environment(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           *tiny], cwd=str(tmp_path), env=environment(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert second.stdout.readline() == "no folder yet\n"
     first = run(command(run_dir, tiny, "--quiet"), tmp_path)
     _, refused = second.communicate(timeout=300)
@@ -206,7 +206,7 @@ def test_a_closed_standard_output_is_one_warning_and_the_run_goes_on(tiny, tmp_p
     its end (exit status 0), says so once on standard error, and keeps its folder."""
     run_dir = tmp_path / "run"
     process = launch.Popen(command(run_dir, tiny), cwd=str(tmp_path), env=environment(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline().startswith("images: ")
     process.stdout.close()  # as `head -1` does once it has its line
     stderr = process.stderr.read()
@@ -234,8 +234,8 @@ def test_a_closed_terminal_saves_as_sigterm_does(tiny, tmp_path):
         fcntl.ioctl(attached, termios.TIOCSCTTY, 0)
 
     process = launch.Popen(command(run_dir, tiny), cwd=str(tmp_path), env=environment(),
-                               stdin=attached, stdout=attached, stderr=attached,
-                               preexec_fn=in_the_terminal)
+                           stdin=attached, stdout=attached, stderr=attached,
+                           preexec_fn=in_the_terminal)
     os.close(attached)
     shown, deadline = b"", time.time() + 240
     while b"Epoch 2/2" not in shown and time.time() < deadline:
@@ -266,9 +266,9 @@ def test_signals_are_honoured_while_the_input_waits_for_ever(tiny, tmp_path):
     for name in names:
         Image.fromarray(np.full((28, 28), 128, np.uint8)).save(name)
     process = launch.Popen(command(tmp_path / "run", tiny, "--quiet")
-                               + ["--set", f"data.source=folder:{folder}"],
-                               cwd=str(tmp_path), env=environment(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                           + ["--set", f"data.source=folder:{folder}"],
+                           cwd=str(tmp_path), env=environment(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
     writers = []
     try:
         assert process.stdout.readline().startswith("images: 64 for training")

@@ -139,7 +139,7 @@ def test_one_writer_per_run_folder_and_a_dead_holder_does_not_block(tmp_path):
     folder = RunFolder(str(tmp_path / "run"))
     env = dict(os.environ, PYTHONPATH=ROOT)
     holder = launch.Popen([sys.executable, "-c", HOLD, folder.path], env=env,
-                              stdout=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunFolderError) as caught:

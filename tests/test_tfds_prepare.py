@@ -6,7 +6,6 @@ that needs a download failing within seconds when there is no network.
 
 import io
 import os
-import subprocess
 import sys
 import tarfile
 
@@ -71,8 +70,8 @@ def test_the_prepared_data_set_is_read_by_name_by_the_evaluation_command(tiny_di
     build.build_model(config, steps_per_epoch=1).save_weights(
         str(run_dir / "checkpoints" / "last.weights.h5"))
     result = launch.run([sys.executable, "-m", "caco_tf.cli.evaluate", "knn", "--run",
-                             str(run_dir)], cwd=str(tmp_path), capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+                         str(run_dir)], cwd=str(tmp_path), capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| 24 / 9 |" in result.stdout and "kNN top-1: " in result.stdout
 

@@ -51,7 +51,7 @@ def small_config(tmp_path, data_path, epochs=4):
 def train(*args, **kwargs):
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     return launch.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300, **kwargs)
+                      env=env, capture_output=True, text=True, timeout=300, **kwargs)
 
 
 def _epochs_done(run_dir):
@@ -108,10 +108,10 @@ def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
     run_dir = str(tmp_path / "run")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     stopped = launch.run([sys.executable, os.path.join(ROOT, "tests", "stop_at_step.py"),
-                              "6", name, "--config", config, "--run-dir", run_dir, "--quiet",
-                              "--set", f"train.steps_per_execution={per_call}"],
-                             cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                             timeout=300)
+                          "6", name, "--config", config, "--run-dir", run_dir, "--quiet",
+                          "--set", f"train.steps_per_execution={per_call}"],
+                         cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                         timeout=300)
     assert stopped.returncode == status, stopped.stderr[-2000:]
     assert "Traceback" not in stopped.stderr
     assert stopped.stderr.splitlines()[-1] == (
@@ -228,13 +228,13 @@ def test_export_entry_point_rebuilds_the_run(finished_run, tmp_path):
     _, run_dir = finished_run
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     result = launch.run([sys.executable, "export/export_saved_model.py", "--run", run_dir,
-                             "--out", str(tmp_path / "served"), "--serving-version", "7"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=300)
+                         "--out", str(tmp_path / "served"), "--serving-version", "7"], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert os.path.exists(tmp_path / "served" / "backbone" / "7" / "saved_model.pb")
     missing = launch.run([sys.executable, "export/export_saved_model.py", "--run",
-                              str(tmp_path / "nothing")], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
+                          str(tmp_path / "nothing")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "error: no config.yaml in " in missing.stderr
 
 

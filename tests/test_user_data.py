@@ -4,7 +4,6 @@ samples shared by replicas, the kNN by blocks, and batches replicas cannot share
 
 import io
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -212,9 +211,9 @@ def test_training_on_a_split_folder_prints_a_knn(tmp_path):
     path = tmp_path / "photos.yaml"
     path.write_text(yaml.safe_dump(config))
     result = launch.run([sys.executable, os.path.join(ROOT, "train.py"), "--config",
-                             str(path), "--run-dir", str(tmp_path / "run"), "--quiet"],
-                            capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+                         str(path), "--run-dir", str(tmp_path / "run"), "--quiet"],
+                        capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "kNN top-1: " in result.stdout
     history = yaml.safe_load(open(tmp_path / "run" / "history.json"))
