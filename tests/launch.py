@@ -10,7 +10,8 @@ descriptors it is given, its own exit status; it starts as a fresh interpreter w
 ``sys.argv``, ``sys.path[0]``, working directory, environment, standard streams, default signal
 handlers, random seeds), minus the imports.  Commands that test the start-up itself (what is
 imported, TensorFlow's start-up lines) use ``subprocess``; ``CACO_TESTS_FORK=0`` runs every
-command as a subprocess (tests/test_launch.py: both give the same).
+command as a subprocess (tests/test_launch.py: both give the same), as do hosts other than
+Linux (no ``fork`` on Windows; no sequenced-packet Unix sockets on macOS).
 
 The server (this file run as a script) imports, binds a Unix socket, says ``ready``, and for
 each request forks; it never runs a TensorFlow operation, so each child starts TensorFlow's
@@ -63,7 +64,7 @@ def run(args, *, input=None, capture_output=False, timeout=None, check=False, **
 def Popen(args, **kwargs):
     """``subprocess.Popen``'s arguments; a ``Forked`` process for this interpreter's commands."""
     allowed = {"stdin", "stdout", "stderr", "cwd", "env", "text", "start_new_session"}
-    if (os.environ.get("CACO_TESTS_FORK") == "0"
+    if (os.environ.get("CACO_TESTS_FORK") == "0" or not sys.platform.startswith("linux")
             or len(args) < 2 or args[0] != sys.executable or set(kwargs) - allowed
             or (args[1] in ("-m", "-c") and len(args) < 3)
             or (args[1].startswith("-") and args[1] not in ("-m", "-c"))):
