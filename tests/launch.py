@@ -21,6 +21,7 @@ runtime (threads, devices, the cluster of a multi-worker run) for itself.
 import json
 import os
 import random
+import runpy
 import selectors
 import signal
 import socket
@@ -30,12 +31,14 @@ import tempfile
 import threading
 import time
 
+import numpy
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Variables read while Python, TensorFlow or Keras start: a command with other values than a
 # server's needs a server of its own.
 IMPORT_TIME = ("PYTHON", "KERAS_", "TF_CPP_", "TF_ENABLE_", "OMP_", "OPENBLAS_", "MKL_", "LD_",
                "CUDA_VISIBLE_DEVICES")
-PRELOAD = ["tensorflow", "keras", "numpy", "caco_tf.pretrain", "caco_tf.cli.train",
+PRELOAD = ["tensorflow", "keras", "caco_tf.pretrain", "caco_tf.cli.train",
            "caco_tf.cli.evaluate", "caco_tf.cli.export", "caco_tf.cli.extract",
            "caco_tf.cli.data_service", "caco_tf.training.config", "tensorboard"]
 
@@ -77,7 +80,7 @@ class Forked:
 
     def __init__(self, args, stdin=None, stdout=None, stderr=None, cwd=None, env=None,
                  text=False, start_new_session=False):
-        self.args, self.returncode, self.text = args, None, text
+        self.args, self.returncode = args, None
         env = dict(os.environ if env is None else env)
         mine, theirs = [], []  # our ends of pipes; the child's descriptors (closed once sent)
 
@@ -291,13 +294,9 @@ def become(request):
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False,
                                        errors="backslashreplace")
     random.seed()
-    import numpy
-
     numpy.random.seed()
     extra = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
     argv = request["argv"]
-    import runpy
-
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path[0:1] = [request["cwd"], *extra]
