@@ -38,6 +38,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # server's needs a server of its own.
 IMPORT_TIME = ("PYTHON", "KERAS_", "TF_CPP_", "TF_ENABLE_", "OMP_", "OPENBLAS_", "MKL_", "LD_",
                "CUDA_VISIBLE_DEVICES")
+INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2, signal.SIGCHLD)
 PRELOAD = ["tensorflow", "keras", "caco_tf.pretrain", "caco_tf.cli.train",
            "caco_tf.cli.evaluate", "caco_tf.cli.export", "caco_tf.cli.extract",
            "caco_tf.cli.data_service", "caco_tf.training.config", "tensorboard"]
@@ -106,7 +108,10 @@ class Forked:
         self.stdout = (os.fdopen(mine.pop(0), "r" + mode) if stdout == subprocess.PIPE else None)
         self.stderr = (os.fdopen(mine.pop(0), "r" + mode) if stderr == subprocess.PIPE else None)
         request = {"argv": args[1:], "cwd": os.path.abspath(cwd or os.getcwd()), "env": env,
-                   "new_session": start_new_session}
+                   "new_session": start_new_session,
+                   # as exec keeps them: signals ignored here stay ignored in the command
+                   "ignored": [int(number) for number in INHERITED
+                               if signal.getsignal(number) == signal.SIG_IGN]}
         self._connection = _server(env).connect()
         try:
             socket.send_fds(self._connection, [json.dumps(request).encode()], descriptors)
@@ -280,10 +285,11 @@ def become(request):
         os.dup2(descriptor, number)
     for descriptor in set(request["descriptors"]) - {0, 1, 2}:
         os.close(descriptor)
-    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                   signal.SIGUSR2, signal.SIGCHLD):
+    for number in INHERITED:
         signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in request["ignored"]:
+        signal.signal(number, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
