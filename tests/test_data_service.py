@@ -56,6 +56,16 @@ def stop_cluster(processes):
         process.stdout.close()
 
 
+@pytest.fixture
+def views_without_xla(monkeypatch):
+    """The colour views as TF kernels: each service worker compiles a job's XLA views anew
+    (~6 s of a core per worker and job here), and the tests that use this check the service,
+    not the views.  (Not for comparing served views with this process's: as TF kernels they
+    differ in the last bits, the workers rewriting the pipeline's graph as this process does
+    not, tests/conftest.py; XLA compiles the same views in both.)"""
+    monkeypatch.setattr(augment, "JIT_COMPILE", False)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A dispatcher and two workers (``caco-data-service``): the dispatcher's address."""
@@ -99,6 +109,7 @@ def test_the_service_gives_the_pipelines_batches_for_each_trainer(cluster, tmp_p
             np.testing.assert_array_equal(b.numpy(), a.numpy())
 
 
+@pytest.mark.usefixtures("views_without_xla")
 def test_a_bad_files_place_is_taken_by_a_good_image_of_its_batch_and_it_is_named(
         cluster, tmp_path):
     """The documented difference: without the service the next images of the order move up."""
@@ -150,6 +161,7 @@ def test_an_unreachable_dispatcher_and_what_cannot_be_served_are_one_line(tmp_pa
         load_config(None, ["data.service=localhost"])
 
 
+@pytest.mark.usefixtures("views_without_xla")
 def test_the_commands_print_their_address_and_a_lost_worker_or_dispatcher_is_one_line(
         tmp_path):
     """caco-data-service dispatcher / worker as processes: one line each; a worker killed
@@ -223,6 +235,7 @@ def _train_served(address, source, folder, stop_after=None):
     return model
 
 
+@pytest.mark.usefixtures("views_without_xla")
 def test_a_sigterm_inside_an_epoch_resumes_through_the_service_bit_for_bit(cluster, tmp_path):
     from caco_tf.training import interrupts
 
