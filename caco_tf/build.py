@@ -256,7 +256,8 @@ def eval_dataset(config, views, source, skipped=None, every=1):
     them; ``every``: every ``every``-th image only."""
     return data.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
                              image_size=config["data"]["image_size"],
-                             channels=config["data"]["channels"], skipped=skipped, every=every)
+                             channels=config["data"]["channels"], skipped=skipped, every=every,
+                             service=config["data"]["service"])
 
 
 Run = collections.namedtuple("Run", "directory config model views")
@@ -308,4 +309,3 @@ def _assignments(tree, prefix=""):
         else:
             result.append(f"{prefix}{key}={json.dumps(value)}")
     return result
-

@@ -165,7 +165,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
     # Every wait on a peer is timed, the epoch's end and the evaluations included.
     stuck = peers.watchdog(strategy, timeout)
     try:
-        with signals, _lost_peers(strategy, model, stuck):
+        with signals, _lost_peers(strategy, model, stuck), _lost_batches(config):
             model.fit(dataset, epochs=config["train"]["epochs"],
                       steps_per_epoch=steps_per_epoch,
                       shuffle=False,  # the dataset shuffles itself, once per epoch
@@ -174,11 +174,6 @@ def _run(config, folder, strategy, chief, verbose, stack):
                       + [callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
                       + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
                       + [skipped.callback()])
-    except tf.errors.OpError as error:  # the service lost a batch: one line, resumable
-        lost = service.batch_lost(error) if config["data"]["service"] else None
-        if lost is None:
-            raise
-        raise lost from None
     except Interrupted:
         for logger in loggers:
             if isinstance(logger, keras.callbacks.TensorBoard):
@@ -199,7 +194,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
                "replicas": int(strategy.num_replicas_in_sync), "caco_tf": __version__}
     if held_out is not None and train.has_labels:
         with (stuck.watching("the end-of-run kNN evaluation") if stuck
-              else contextlib.nullcontext()), _lost_peers(strategy, model, stuck):
+              else contextlib.nullcontext()), _lost_peers(strategy, model, stuck), \
+                _lost_batches(config):
             results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
                                            strategy)
     if not chief:
@@ -233,6 +229,19 @@ def _lost_peers(strategy, model, stuck):
         if stuck is not None:
             stuck.close()  # this worker stops here: nothing more to time
         if not lost:
+            raise
+        raise lost from None
+
+
+@contextlib.contextmanager
+def _lost_batches(config):
+    """A batch the tf.data service lost (training or an evaluation pass) as one resumable
+    ``BatchLost`` line."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        lost = service.batch_lost(error) if config["data"]["service"] else None
+        if lost is None:
             raise
         raise lost from None
 

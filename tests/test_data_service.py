@@ -141,6 +141,39 @@ def test_a_batch_that_never_comes_stops_the_run_with_one_line():
     assert str(lost) == ("data.service: batch 1 never came (3 later ones did): a service "
                          "worker stopped; run the same command to resume from the last save")
     assert lost.exit_status == 75
+    # A finite stream (an evaluation pass) that ends short of its last batch lost one too.
+    ordered = service.in_order(served.take(1), first=0, end=2)
+    with pytest.raises(tf.errors.OpError, match="batch 1 never came"):
+        list(ordered)
+
+
+def test_an_evaluation_pass_through_the_service_gives_the_same_batches(cluster, tmp_path):
+    """Class folders with a bad file, in chunks of 5 (the last one short): the batches, labels
+    and named bad file of ``eval_dataset`` without the service, bit for bit."""
+    image_folder(tmp_path / "images" / "a", count=6, bad=(2,))
+    image_folder(tmp_path / "images" / "b", count=6)
+    source = data.folder_source(str(tmp_path / "images"))
+    normalize = augment.AsymmetricViews(16).normalize
+    batches, bad = [], []
+    for served in (False, True):
+        listed = tmp_path / f"skipped-{served}.txt"
+        skipped = data.SkippedFiles(list_path=str(listed))
+        if served:
+            dataset = service.served_eval_dataset(source, 4, normalize, cluster, 16, 3,
+                                                  skipped=skipped, chunk=5)
+        else:
+            dataset = data.eval_dataset(source, 4, normalize, image_size=16, channels=3,
+                                        skipped=skipped)
+        batches.append([(images.numpy(), labels.numpy()) for images, labels in dataset])
+        bad.append((skipped.total, data.listed_unreadable(listed)))
+    assert [len(images) for images, _ in batches[1]] == [4, 4, 3]
+    for (want, want_labels), (got, got_labels) in zip(*batches):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_labels, want_labels)
+    assert bad[0] == bad[1] == (1, [str(tmp_path / "images" / "a" / "02.png")])
+    # What the service cannot read is read here, as without it.
+    arrays = data.ArraySource(np.zeros((4, 16, 16, 3), np.uint8))
+    assert not service.servable_files(arrays)
 
 
 def test_an_unreachable_dispatcher_and_what_cannot_be_served_are_one_line(tmp_path):
@@ -203,6 +236,44 @@ def test_the_commands_print_their_address_and_a_lost_worker_or_dispatcher_is_one
             f"to resume from the last save")
     finally:
         stop_cluster(processes)
+
+
+def test_a_runs_evaluation_passes_read_through_the_service(cluster, tmp_path, monkeypatch):
+    """The kNN sets (monitor and end of run) and the health and precise-BatchNorm samples of
+    a run with data.service read the same batches through it; a batch it loses in any pass
+    ends the run with the resumable one line."""
+    from caco_tf import build, pretrain
+    from caco_tf.evaluation import monitor
+    from test_user_data import make_split_folder
+
+    root = make_split_folder(tmp_path / "photos", train=3, val=2)
+    made = []
+    serve = service.served_eval_dataset
+    monkeypatch.setattr(service, "served_eval_dataset",
+                        lambda *args, **kwargs: made.append(args[0]) or serve(*args, **kwargs))
+    passes = []
+    for served in ([], [f"data.service={cluster}"]):
+        config = load_config(None, [f"data.source=folder:{root}", "data.image_size=16",
+                                    "data.channels=3", "data.views=asymmetric",
+                                    "evaluation.batch_size=4", *served])
+        train, held_out = build.load_data(config)
+        views = build.build_views(config)
+        _, test_set = monitor.knn_sets(config, views, train, held_out)
+        sample = build.eval_dataset(config, views, train, every=2)
+        passes.append([[(images.numpy(), labels.numpy()) for images, labels in dataset]
+                       for dataset in (test_set.make((1, 0), 4), sample)])
+    assert len(made) == 2  # both passes of the second configuration were served
+    for plain, served in zip(*passes):
+        assert len(served) == len(plain) > 0
+        for (want, want_labels), (got, got_labels) in zip(plain, served):
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got_labels, want_labels)
+
+    lost = ("data.service: batch 1 never came (0 later ones did): a service worker stopped; "
+            "run the same command to resume from the last save")
+    with pytest.raises(service.BatchLost, match="^data.service: batch 1 never came"):
+        with pretrain._lost_batches(config):
+            raise tf.errors.UnknownError(None, None, f"in a pass: {lost} [[{{node x}}]]")
 
 
 def _train_served(address, source, folder, stop_after=None):

@@ -13,6 +13,12 @@ Workers finish batches in any order: the trainer puts them back in order (``in_o
 records the bad files there, so a run through the service is reproducible, and a resume starts
 at the batch it stopped at without reading anything before it.
 
+The evaluation passes of a run (the kNN monitor and the end-of-run kNN, the health and precise
+BatchNorm samples) go through the service too when their images are files: the service's
+workers decode, resize and crop chunks of ``CHUNK`` images, and the trainer puts the chunks
+back in order, drops the bad files (naming them) and batches: ``pipeline.eval_dataset``'s
+batches exactly.  Other sources are evaluated on the trainer's own cores.
+
 Not through the service: arrays (the offline digits: nothing to decode), TFDS and TFRecord
 sources (a record's place in the epoch is known only by reading up to it), TIFF files
 (decoded by Pillow, which runs in the trainer's Python, not in a worker's graph), and the
@@ -25,11 +31,13 @@ import socket
 import threading
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
 
 from caco_tf.data import augment
+from caco_tf.data.images import resize_and_center_crop, to_unit_float
 from caco_tf.data.pipeline import LAST_EPOCH, _decoder, map_naming_failures
 from caco_tf.data.sources import DataError, FileSource
 from caco_tf.training.config import is_service_address
@@ -42,6 +50,9 @@ AHEAD, GRACE = 64, 60.0
 # batch: TensorFlow's client waits for a lost dispatcher for ever.  Generous, as a job's first
 # batch waits for the workers to build the pipeline from a graph holding every file name.
 SILENCE = 600.0
+# Images in one served element of an evaluation pass: enough to make a request's cost small
+# beside decoding them.
+CHUNK = 32
 
 
 class BatchLost(DataError):
@@ -82,6 +93,15 @@ def check_dispatcher(address, seconds=10.0):
                         f"dispatcher' or leave data.service empty") from None
 
 
+def servable_files(source):
+    """Whether the service's workers can read ``source``: image files other than TIFF."""
+    return isinstance(source, FileSource) and not _tiff(source)
+
+
+def _tiff(source):
+    return [path for path in source.paths if str(path).lower().endswith((".tif", ".tiff"))]
+
+
 def check_servable(source, views):
     """DataError (one line) for what the service cannot run: see the module's docstring."""
     if not isinstance(source, FileSource):
@@ -90,7 +110,7 @@ def check_servable(source, views):
     if not getattr(views, "per_image", False):
         raise DataError("data.service runs the colour views (data.views asymmetric, symmetric "
                         "or multicrop), not data.views digits")
-    tiff = [path for path in source.paths if str(path).lower().endswith((".tif", ".tiff"))]
+    tiff = _tiff(source)
     if tiff:
         raise DataError(f"data.service: {len(tiff)} TIFF files (e.g. {tiff[0]}) need Pillow, "
                         f"which a service worker cannot run; convert them (to PNG, say) or "
@@ -203,11 +223,13 @@ def _until_silent(served, seconds, address):
 
 
 def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=GRACE,
-             silence=SILENCE, address=None):
+             silence=SILENCE, address=None, end=None):
     """The served (number, views, labels, bad) batches in the order of their numbers from
     ``first``, as (views) or (views, labels), each batch's bad files recorded in ``skipped``
     as the trainer reaches it; ``BatchLost`` when a batch never comes (a worker stopped) or
-    none comes for ``silence`` seconds (the dispatcher at ``address``, or every worker)."""
+    none comes for ``silence`` seconds (the dispatcher at ``address``, or every worker).
+    ``end``: the number after the last batch of a finite stream (one that ends short of it
+    lost a batch)."""
     spec = served.element_spec
 
     def ordered():
@@ -227,6 +249,9 @@ def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=
                 raise BatchLost(f"{LOST}batch {expected} never came ({len(waiting)} later ones "
                                 f"did): a service worker stopped; run the same command "
                                 f"{RESUME}")
+        if end is not None and expected < end:
+            raise BatchLost(f"{LOST}batch {expected} never came ({len(waiting)} later ones "
+                            f"did): a service worker stopped; run the same command {RESUME}")
 
     signature = (spec[1], spec[2]) if with_labels else spec[1]
     # No prefetch of its own: a prefetch thread left inside the generator (waiting on a lost
@@ -255,3 +280,49 @@ def served_pretrain_dataset(source, batch_size, views, address, seed=0, input_co
     return in_order(through_service(stream, address), first, skipped, with_labels, ahead,
                     grace, silence, address)
 
+
+def served_eval_dataset(source, batch_size, normalize, address, image_size, channels,
+                        skipped=None, every=1, shards=(1, 0), chunk=CHUNK, grace=GRACE,
+                        silence=SILENCE):
+    """``pipeline.eval_dataset``'s batches of the image files of ``source`` (the same images,
+    labels, order and bad files), each image decoded, resized and centre-cropped by the
+    service at ``address``; the trainer normalizes the batches."""
+    step, first = every * shards[0], every * shards[1]
+    paths = np.asarray(source.paths)[first::step]
+    labels = (np.asarray(source.labels, np.int64) if source.has_labels
+              else np.full(len(source), -1, np.int64))[first::step]
+    count = len(paths)
+    chunks = -(-count // chunk)
+    decode = _decoder(source, channels, skipped=None)
+    empty = tf.zeros([image_size, image_size, channels])
+
+    def images_of(number):  # chunk k: places [kC, (k+1)C), those past the end marked unused
+        places = number * chunk + tf.range(chunk, dtype=tf.int64)
+        used = places < count
+        picks = tf.minimum(places, count - 1)
+        return tf.data.Dataset.from_tensor_slices((
+            tf.fill([chunk], number), used, tf.gather(paths, picks), tf.gather(labels, picks)))
+
+    def prepare(number, used, path, label):
+        image, ok = tf.cond(used, lambda: decode(path, path),
+                            lambda: (tf.zeros([1, 1, channels], tf.uint8), tf.constant(False)))
+        image = tf.cond(ok, lambda: resize_and_center_crop(to_unit_float(image)[None],
+                                                           image_size)[0], lambda: empty)
+        bad = tf.logical_and(used, tf.logical_not(ok))
+        return number, (image, ok), label, tf.where(bad, path, tf.constant(""))
+
+    def failed(number, used, path, label):  # the decoding raised
+        return number, (empty, tf.constant(False)), label, path
+
+    stream = tf.data.Dataset.range(chunks).flat_map(images_of)
+    stream = map_naming_failures(stream, prepare, failed).batch(chunk).map(
+        lambda numbers, *rest: (numbers[0], *rest))
+    ordered = in_order(through_service(stream, address), 0, skipped, with_labels=True,
+                       grace=grace, silence=silence, address=address, end=chunks)
+
+    def finish(images, labels):
+        return (normalize(images), labels) if source.has_labels else normalize(images)
+
+    return (ordered.unbatch().filter(lambda image_ok, label: image_ok[1])
+            .map(lambda image_ok, label: (image_ok[0], label)).batch(batch_size)
+            .map(finish, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))

@@ -81,7 +81,7 @@ def knn_sets(config, views, train, held_out, skipped=None):
             return data.eval_dataset(chosen, batch_size, views.normalize,
                                      image_size=config["data"]["image_size"],
                                      channels=config["data"]["channels"], skipped=skipped,
-                                     shards=shards)
+                                     shards=shards, service=config["data"]["service"])
         sets.append(knn.EvalSet(make, len(chosen), settings["batch_size"]))
     return tuple(sets)
 
