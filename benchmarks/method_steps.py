@@ -74,7 +74,7 @@ def models_of(set_name):
 
 
 def build(set_name, method, variant):
-    """(model, a fixed batch of crops) for one model of a set."""
+    """(model, a fixed batch of crops, its configuration) for one model of a set."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -92,20 +92,26 @@ def build(set_name, method, variant):
     rng = np.random.default_rng(0)
     crops = tuple(tf.constant(rng.normal(size=(batch, s, s, channels)).astype("float32"))
                   for s in sizes)
-    return model, crops
+    return model, crops, config
 
 
-def step_flops(model, crops):
+def step_flops(model, crops, config):
     """Counted FLOPs of one step (module docstring)."""
     from caco_tf.nets import profiling
 
     def network(part, size):
-        clone = part
-        if None in part.input_shape[1:3]:  # a multi-crop backbone: count at this crop's size
-            import keras
-            inputs = keras.Input((size, size, part.input_shape[-1]))
-            clone = keras.Model(inputs, part(inputs))
-        return profiling.forward_flops(clone)
+        if None not in part.input_shape[1:3]:
+            return profiling.forward_flops(part)
+        # A multi-crop network takes any size: its backbone built again at this crop's size,
+        # then its projector (on pooled features, the same at every size).
+        from caco_tf.nets import backbones
+
+        settings = config["model"]
+        fixed = backbones.build_backbone(settings["backbone"],
+                                         (size, size, part.input_shape[-1]),
+                                         widths=settings["widths"],
+                                         pool_grid=settings["pool_grid"])
+        return profiling.forward_flops(fixed) + profiling.forward_flops(model.projector)
 
     import keras
     import math
@@ -137,13 +143,13 @@ def measure(set_name, rounds):
     chosen = models_of(set_name)
     runs = []
     for label, method, variant in chosen:
-        model, crops = build(set_name, method, variant)
+        model, crops, config = build(set_name, method, variant)
         function = model.make_train_function()
         batch = [crops]
         function(batch)  # traces (and compiles)
         function(batch)
         runs.append(dict(label=label, model=model, run=lambda f=function, b=batch: f(b),
-                         flops=step_flops(model, crops), times=[]))
+                         flops=step_flops(model, crops, config), times=[]))
     ratios = {run["label"]: [] for run in runs}
     for index in range(rounds):
         order = runs if index % 2 == 0 else runs[::-1]
