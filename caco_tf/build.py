@@ -13,7 +13,7 @@ import os
 import tensorflow as tf
 
 from caco_tf import data
-from caco_tf.data import DEFAULT_CROP_FRACTION, augment, sources
+from caco_tf.data import DEFAULT_CROP_FRACTION, augment, service, sources
 from caco_tf.methods import model_class
 from caco_tf.nets import backbones
 from caco_tf.training import callbacks, optimizers
@@ -254,10 +254,9 @@ def precise_bn(config, views, train):
 def eval_dataset(config, views, source, skipped=None, every=1):
     """Normalized image batches of a source (with its labels if any), as evaluation sees
     them; ``every``: every ``every``-th image only."""
-    return data.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
-                             image_size=config["data"]["image_size"],
-                             channels=config["data"]["channels"], skipped=skipped, every=every,
-                             service=config["data"]["service"])
+    return service.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
+                                config["data"]["service"], config["data"]["image_size"],
+                                config["data"]["channels"], skipped=skipped, every=every)
 
 
 Run = collections.namedtuple("Run", "directory config model views")

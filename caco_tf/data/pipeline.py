@@ -475,7 +475,7 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
 
 
 def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, channels=None,
-                 skipped=None, every=1, shards=(1, 0), service=None):
+                 skipped=None, every=1, shards=(1, 0)):
     """Images (and labels) in order, normalized as for evaluation, no augmentation.
 
     ``images``: a uint8 array (used as it is) or a source, whose images are decoded (bad files
@@ -483,16 +483,9 @@ def eval_dataset(images, batch_size, normalize, labels=None, image_size=None, ch
     centre-cropped to ``image_size`` — exactly the exported model's preprocessing.  A source
     yields its own labels when it has them.  ``every``: only every ``every``-th image (an even
     sample of a source stored class by class).  ``shards`` = (count, index): only the
-    ``index``-th of every ``count`` images (one input pipeline's share).  ``service``: a
-    tf.data service dispatcher's HOST:PORT, which decodes and crops image files (the same
-    batches; ``caco_tf.data.service``); other sources are read here.
+    ``index``-th of every ``count`` images (one input pipeline's share).  Through tf.data
+    service: ``service.eval_dataset``.
     """
-    if service:
-        from caco_tf.data import service as served  # which builds on this module
-
-        if served.servable_files(images):
-            return served.served_eval_dataset(images, batch_size, normalize, service,
-                                              image_size, channels, skipped, every, shards)
     if isinstance(images, ArraySource) and image_size in (None, images.images.shape[1]):
         images, labels = images.images, images.labels  # already at size: the array path
     step, first = every * shards[0], every * shards[1]

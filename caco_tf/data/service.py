@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
 
-from caco_tf.data import augment
+from caco_tf.data import augment, pipeline
 from caco_tf.data.images import resize_and_center_crop, to_unit_float
 from caco_tf.data.pipeline import LAST_EPOCH, _decoder, map_naming_failures
 from caco_tf.data.sources import DataError, FileSource
@@ -279,6 +279,18 @@ def served_pretrain_dataset(source, batch_size, views, address, seed=0, input_co
                           steps, first, with_labels)
     return in_order(through_service(stream, address), first, skipped, with_labels, ahead,
                     grace, silence, address)
+
+
+def eval_dataset(source, batch_size, normalize, address, image_size, channels, skipped=None,
+                 every=1, shards=(1, 0)):
+    """``pipeline.eval_dataset``'s batches, made by the service at ``address`` when it is set
+    and ``source`` is image files it can read (``served_eval_dataset``), else here."""
+    if address and servable_files(source):
+        return served_eval_dataset(source, batch_size, normalize, address, image_size,
+                                   channels, skipped, every, shards)
+    return pipeline.eval_dataset(source, batch_size, normalize, image_size=image_size,
+                                 channels=channels, skipped=skipped, every=every,
+                                 shards=shards)
 
 
 def served_eval_dataset(source, batch_size, normalize, address, image_size, channels,

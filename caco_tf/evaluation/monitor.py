@@ -4,6 +4,7 @@ labelled samples every kNN of a run reads (the monitor's and the end of training
 import keras
 
 from caco_tf import data
+from caco_tf.data import service
 from caco_tf.evaluation import knn
 
 
@@ -78,10 +79,10 @@ def knn_sets(config, views, train, held_out, skipped=None):
         chosen = data.balanced_subset(source, count, classes)
 
         def make(shards, batch_size, chosen=chosen):
-            return data.eval_dataset(chosen, batch_size, views.normalize,
-                                     image_size=config["data"]["image_size"],
-                                     channels=config["data"]["channels"], skipped=skipped,
-                                     shards=shards, service=config["data"]["service"])
+            return service.eval_dataset(chosen, batch_size, views.normalize,
+                                        config["data"]["service"], config["data"]["image_size"],
+                                        config["data"]["channels"], skipped=skipped,
+                                        shards=shards)
         sets.append(knn.EvalSet(make, len(chosen), settings["batch_size"]))
     return tuple(sets)
 
