@@ -222,6 +222,11 @@ def _until_silent(served, seconds, address):
         closed.set()
 
 
+def _never_came(number, later):
+    return BatchLost(f"{LOST}batch {number} never came ({later} later ones did): a service "
+                     f"worker stopped; run the same command {RESUME}")
+
+
 def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=GRACE,
              silence=SILENCE, address=None, end=None):
     """The served (number, views, labels, bad) batches in the order of their numbers from
@@ -246,12 +251,9 @@ def in_order(served, first, skipped=None, with_labels=False, ahead=AHEAD, grace=
                 expected += 1
             since = None if len(waiting) <= ahead else since or time.monotonic()
             if since is not None and time.monotonic() - since >= grace:
-                raise BatchLost(f"{LOST}batch {expected} never came ({len(waiting)} later ones "
-                                f"did): a service worker stopped; run the same command "
-                                f"{RESUME}")
+                raise _never_came(expected, len(waiting))
         if end is not None and expected < end:
-            raise BatchLost(f"{LOST}batch {expected} never came ({len(waiting)} later ones "
-                            f"did): a service worker stopped; run the same command {RESUME}")
+            raise _never_came(expected, len(waiting))
 
     signature = (spec[1], spec[2]) if with_labels else spec[1]
     # No prefetch of its own: a prefetch thread left inside the generator (waiting on a lost
@@ -300,7 +302,7 @@ def served_eval_dataset(source, batch_size, normalize, address, image_size, chan
     labels, order and bad files), each image decoded, resized and centre-cropped by the
     service at ``address``; the trainer normalizes the batches."""
     step, first = every * shards[0], every * shards[1]
-    paths = np.asarray(source.paths)[first::step]
+    paths, _ = source.shard_arrays((step, first))
     labels = (np.asarray(source.labels, np.int64) if source.has_labels
               else np.full(len(source), -1, np.int64))[first::step]
     count = len(paths)
