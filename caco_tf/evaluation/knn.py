@@ -84,28 +84,32 @@ def distributed_features(backbone, eval_set, strategy, normalize=True):
         return real.concatenate(padding).take(steps * local_replicas)
 
     batches = strategy.distribute_datasets_from_function(dataset_fn)
+    features, labels = [], []
+    iterator = iter(batches)
+    for _ in range(steps):
+        peers.progress()  # each gather is a wait on every worker: the watchdog times each
+        batch_features, batch_labels = _gathered_features(backbone, strategy, normalize,
+                                                          next(iterator))
+        features.append(batch_features.numpy())
+        labels.append(batch_labels.numpy())
+    features, labels = np.concatenate(features), np.concatenate(labels)
+    real = labels >= 0
+    return features[real], labels[real]
 
+
+@tf.function(autograph=False)
+def _gathered_features(backbone, strategy, normalize, batch):
+    """One step of ``distributed_features``: every replica's (features, labels), gathered.
+    Module-level, so traced once per backbone, strategy and batch shape rather than at every
+    pass (the kNN monitor makes two passes an epoch)."""
     def replica_features(images, labels):
         features = tf.cast(backbone(images, training=False), tf.float32)
         if normalize:
             features = tf.math.l2_normalize(features, axis=-1)
         return features, labels
 
-    @tf.function(autograph=False)
-    def step(batch):
-        features, labels = strategy.run(replica_features, args=batch)
-        return strategy.gather(features, axis=0), strategy.gather(labels, axis=0)
-
-    features, labels = [], []
-    iterator = iter(batches)
-    for _ in range(steps):
-        peers.progress()  # each gather is a wait on every worker: the watchdog times each
-        batch_features, batch_labels = step(next(iterator))
-        features.append(batch_features.numpy())
-        labels.append(batch_labels.numpy())
-    features, labels = np.concatenate(features), np.concatenate(labels)
-    real = labels >= 0
-    return features[real], labels[real]
+    features, labels = strategy.run(replica_features, args=batch)
+    return strategy.gather(features, axis=0), strategy.gather(labels, axis=0)
 
 
 def knn_votes(train_features, train_labels, test_features, k=5, temperature=0.07,
