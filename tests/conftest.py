@@ -8,10 +8,24 @@ devices and local worker processes.  So a host's GPUs are hidden before TensorFl
 same there as on the CPU-only CI machine.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# XLA's persistent cache: the tests and the commands they start compile the same XLA views
+# (and steps) again and again, ~4 s of a core each time here; with the cache each is compiled
+# once a session and loaded after (the same executable: the same values).  One folder for the
+# session, made by the first process (the test workers inherit it) and removed by it.
+_XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory="
+if _XLA_CACHE_FLAG not in os.environ.get("TF_XLA_FLAGS", ""):
+    _xla_cache = tempfile.mkdtemp(prefix="caco-tests-xla-")
+    atexit.register(shutil.rmtree, _xla_cache, True)
+    os.environ["TF_XLA_FLAGS"] = " ".join(
+        filter(None, [os.environ.get("TF_XLA_FLAGS"), _XLA_CACHE_FLAG + _xla_cache]))
 
 import tensorflow as tf  # noqa: E402
 

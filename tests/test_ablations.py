@@ -234,17 +234,19 @@ def test_config_picks_the_class():
 # ---------------------------------------------------------------------- two replicas
 @pytest.mark.parametrize("method", ["none", "positive", "simclr"])
 def test_two_replicas_equal_one_device(method):
-    """The global-batch gather and the replica offsets: two mirrored replicas step like one."""
+    """The global-batch gather and the replica offsets: two mirrored replicas step like one.
+    (Eager: the same gathers without a trace per replica; tests/test_distributed.py compiles
+    a mirrored step.)"""
     from test_distributed import _assert_close, _two_cpus  # one strategy for the session
 
     strategy = _two_cpus()
     batches = [views(seed, batch=2 * BATCH) for seed in range(2)]
     dataset = tf.data.Dataset.from_tensor_slices(
         (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])))
-    single = tiny(method, sync=True)
+    single = tiny(method, sync=True, run_eagerly=True)
     single_loss = single.fit(dataset, epochs=1, verbose=0).history["loss"][0]
     with strategy.scope():
-        mirrored = tiny(method, sync=True)
+        mirrored = tiny(method, sync=True, run_eagerly=True)
     mirrored_loss = mirrored.fit(dataset, epochs=1, verbose=0).history["loss"][0]
     assert mirrored_loss == pytest.approx(single_loss, rel=1e-5)
     for a, b in zip(single.weights, mirrored.weights):  # encoders and bank, if any

@@ -155,7 +155,21 @@ def _patience():
     return min(6.0, 1.0 + max(os.getloadavg()[0], busy) / cores)
 
 
-def _launch(index, ports, run_dir, log_dir, attempt, *extra, script=("train.py",)):
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """896 offline digits for training (7 steps of 128 an epoch) and 256 held out, as .npz
+    files: the worker processes' data, a quarter of the offline default's steps' work."""
+    from caco_tf.data import load_offline_mnist
+    folder, splits = tmp_path_factory.mktemp("digits"), load_offline_mnist()
+    paths = []
+    for split, count in (("train", 896), ("test", 256)):
+        images, labels = splits[split]
+        paths.append(str(folder / f"{split}.npz"))
+        np.savez(paths[-1], images=images[:count], labels=labels[:count])
+    return paths
+
+
+def _launch(index, ports, run_dir, log_dir, attempt, digits, *extra, script=("train.py",)):
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONPATH=REPO,
                TF_CONFIG=json.dumps({"cluster": cluster,
@@ -163,8 +177,9 @@ def _launch(index, ports, run_dir, log_dir, attempt, *extra, script=("train.py",
     log = open(os.path.join(log_dir, f"worker{index}-{attempt}.log"), "w")
     command = [sys.executable, os.path.join(REPO, script[0]), *script[1:], "--strategy",
                "multiworker",
+               "--set", f"data.source=npz:{digits[0]}", "--set", f"data.held_out=npz:{digits[1]}",
                "--set", "train.epochs=2", "--set", "method.caco.warmup_epochs=1",
-               "--set", "train.batch_size=512", "--set", "method.caco.bank_size=1024",
+               "--set", "train.batch_size=128", "--set", "method.caco.bank_size=256",
                "--set", "model.widths=[8,16,32,64]", "--set", "model.projector_hidden=64",
                "--set", "train.jit_compile=false", "--set", "train.steps_per_execution=1",
                "--run-dir", run_dir, "--quiet", *extra]
@@ -193,14 +208,14 @@ def _newest_save(run_dir):
         return json.load(handle)["checkpoints"][0]
 
 
-def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path):
-    """Two local workers train 2 epochs of the offline default.  SIGTERM to worker 1 alone in
+def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path, digits):
+    """Two local workers train 2 epochs of offline digits.  SIGTERM to worker 1 alone in
     epoch 2: both workers save the same step (the chief writes) and exit with 143; relaunched
     (with train.steps_per_execution 3), the run finishes from that save.  (A worker lost for
     good: the next test.)"""
     run_dir, logs = str(tmp_path / "run"), str(tmp_path)
     ports = _free_ports(2)
-    workers = [_launch(i, ports, run_dir, logs, attempt=1) for i in range(2)]
+    workers = [_launch(i, ports, run_dir, logs, 1, digits) for i in range(2)]
     deadline = time.time() + 240
     while not _epochs_logged(run_dir) and time.time() < deadline:
         assert all(w.poll() is None for w in workers), open(f"{logs}/worker0-1.log").read()[-3000:]
@@ -220,7 +235,7 @@ def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path):
         f"{logs}/worker1-1.log").read()
 
     # Relaunched with 3 steps per compiled call: the calls realign on the saved step.
-    workers = [_launch(i, ports, run_dir, logs, 2, "--set", "train.steps_per_execution=3")
+    workers = [_launch(i, ports, run_dir, logs, 2, digits, "--set", "train.steps_per_execution=3")
                for i in range(2)]
     codes = [_wait(w, 240) for w in workers]
     assert codes == [0, 0], open(f"{logs}/worker0-2.log").read()[-3000:]
@@ -262,13 +277,13 @@ def _one_line_and_75(code, log, waited, timeout):
     return errors[0]
 
 
-def test_no_worker_waits_forever_for_a_stopped_peer(tmp_path):
+def test_no_worker_waits_forever_for_a_stopped_peer(tmp_path, digits):
     """Worker 1 is paused (SIGSTOP) in epoch 2: worker 0 does not wait for ever; it ends with
     one line naming the step and worker 1, exit status 75, so a scheduler can relaunch."""
     run_dir, logs = str(tmp_path / "run"), str(tmp_path)
     ports = _free_ports(2)
     timeout = round(10 * _patience())
-    workers = [_launch(i, ports, run_dir, logs, 1, "--set",
+    workers = [_launch(i, ports, run_dir, logs, 1, digits, "--set",
                        f"distribute.collective_timeout_seconds={timeout}") for i in range(2)]
     try:
         deadline = time.time() + 60 + 18 * timeout
@@ -289,7 +304,7 @@ def test_no_worker_waits_forever_for_a_stopped_peer(tmp_path):
                             "error: worker task 1 is not answering: the end of epoch 1 ")), line
 
 
-def test_a_peer_lost_during_the_epoch_end_evaluation_is_one_line(tmp_path):
+def test_a_peer_lost_during_the_epoch_end_evaluation_is_one_line(tmp_path, digits):
     """Worker 1 pauses itself (SIGSTOP) as the kNN monitor starts at the end of epoch 1, whose
     feature gathers are collectives: worker 0 ends within the timeout with one line naming
     worker 1 and the epoch's end, exit status 75."""
@@ -299,8 +314,8 @@ def test_a_peer_lost_during_the_epoch_end_evaluation_is_one_line(tmp_path):
     extra = ["--set", f"distribute.collective_timeout_seconds={timeout}",
              "--set", "evaluation.knn_monitor_every=1"]
     note = str(tmp_path / "stopped-at")
-    workers = [_launch(0, ports, run_dir, logs, 1, *extra),
-               _launch(1, ports, run_dir, logs, 1, *extra,
+    workers = [_launch(0, ports, run_dir, logs, 1, digits, *extra),
+               _launch(1, ports, run_dir, logs, 1, digits, *extra,
                        script=("tests/stop_in_evaluation.py", note))]
     try:
         code = _wait(workers[0], 60 + 24 * timeout)
