@@ -159,14 +159,8 @@ def _patience():
 def digits(tmp_path_factory):
     """896 offline digits for training (7 steps of 128 an epoch) and 256 held out, as .npz
     files: the worker processes' data, a quarter of the offline default's steps' work."""
-    from caco_tf.data import load_offline_mnist
-    folder, splits = tmp_path_factory.mktemp("digits"), load_offline_mnist()
-    paths = []
-    for split, count in (("train", 896), ("test", 256)):
-        images, labels = splits[split]
-        paths.append(str(folder / f"{split}.npz"))
-        np.savez(paths[-1], images=images[:count], labels=labels[:count])
-    return paths
+    from tiny_run import offline_digits
+    return offline_digits(tmp_path_factory.mktemp("digits"), 896, 256)
 
 
 def _launch(index, ports, run_dir, log_dir, attempt, digits, *extra, script=("train.py",)):

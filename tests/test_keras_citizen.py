@@ -109,15 +109,12 @@ def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch)
     original = 'caco_tf.load_config("configs/mnist.yaml")'
     assert original in example
     # 512 of the offline digits to train on and 256 held out: the example's steps, fewer of them.
-    from caco_tf.data import load_offline_mnist
-    split = load_offline_mnist()
-    for name, (images, labels), count in (("train", split["train"], 512),
-                                          ("test", split["test"], 256)):
-        np.savez(tmp_path / f"{name}.npz", images=images[:count], labels=labels[:count])
+    from tiny_run import offline_digits
+    train, held_out = offline_digits(tmp_path, 512, 256)
     overrides = TINY + ["train.epochs=2", "train.batch_size=128", "method.caco.bank_size=256",
                         "evaluation.knn_monitor_every=0", "train.jit_compile=false",
-                        "model.widths=[8,16,16,32]", f"data.source=npz:{tmp_path / 'train.npz'}",
-                        f"data.held_out=npz:{tmp_path / 'test.npz'}"]
+                        "model.widths=[8,16,16,32]", f"data.source=npz:{train}",
+                        f"data.held_out=npz:{held_out}"]
     example = example.replace(original, f"caco_tf.load_config("
                                         f"{os.path.join(ROOT, 'configs', 'mnist.yaml')!r}, "
                                         f"{overrides!r})")

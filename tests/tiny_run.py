@@ -19,6 +19,20 @@ OVERRIDES = ["data.source=tfds:mnist", "model.projector_hidden=32", "model.embed
              "train.batch_size=16", "evaluation.batch_size=32", "evaluation.knn_k=3"]
 
 
+def offline_digits(folder, train, held_out):
+    """The first ``train`` offline training digits and ``held_out`` held-out ones as
+    ``folder``/train.npz and test.npz (images and labels): their paths, for ``npz:`` sources."""
+    import numpy as np
+
+    from caco_tf.data import load_offline_mnist
+    split, paths = load_offline_mnist(), []
+    for name, count in (("train", train), ("test", held_out)):
+        images, labels = split[name]
+        paths.append(os.path.join(str(folder), f"{name}.npz"))
+        np.savez(paths[-1], images=images[:count], labels=labels[:count])
+    return paths
+
+
 def make_run(directory, history=None):
     """config.yaml, checkpoints/last.weights.h5 and (optionally) history.json in ``directory``."""
     keras.utils.set_random_seed(0)
