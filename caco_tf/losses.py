@@ -197,15 +197,25 @@ def swapped_prediction_loss(codes, scores, temperature):
         tf.cast(scores, tf.float32) / temperature, axis=-1), axis=-1)
 
 
-def dino_loss(teacher_logits, student_logits, center, teacher_temperature,
-              student_temperature):
-    """DINO's cross-entropy per row, [N]: -Σ_k P_t(k) log P_s(k), with the teacher's output
-    centered and sharpened, P_t = softmax((t - c)/τ_t), and the student's P_s = softmax(s/τ_s)
-    (facebookresearch/dino main_dino.py ``DINOLoss``).  No gradient through the teacher."""
-    teacher = tf.stop_gradient(tf.nn.softmax(
+def dino_teacher(teacher_logits, center, teacher_temperature):
+    """DINO's teacher distribution per row, [N, K]: P_t = softmax((t - c)/τ_t), its output
+    centered and sharpened, no gradient (facebookresearch/dino main_dino.py ``DINOLoss``)."""
+    return tf.stop_gradient(tf.nn.softmax(
         (tf.cast(teacher_logits, tf.float32) - center) / teacher_temperature, axis=-1))
-    return -tf.reduce_sum(teacher * tf.nn.log_softmax(
-        tf.cast(student_logits, tf.float32) / student_temperature, axis=-1), axis=-1)
+
+
+def dino_loss(teacher_probabilities, student_logits, student_temperature):
+    """DINO's loss, a scalar: the mean over the pairs (teacher crop i, student crop v ≠ i) of
+    the rows' mean cross-entropy -Σ_k P_t(k) log P_s(k), P_s = softmax(s/τ_s); the lists hold
+    one [N, K] tensor per crop, the teacher's the global crops first (main_dino.py
+    ``DINOLoss``).  Each crop's softmax is taken once, not once per pair: at K = 65,536 a
+    softmax is a pass over the whole [N, K] output."""
+    log_students = [tf.nn.log_softmax(tf.cast(s, tf.float32) / student_temperature, axis=-1)
+                    for s in student_logits]
+    terms = [-tf.reduce_mean(tf.reduce_sum(teacher * log_students[v], axis=-1))
+             for i, teacher in enumerate(teacher_probabilities)
+             for v in range(len(log_students)) if v != i]
+    return tf.add_n(terms) / len(terms)
 
 
 def standardize(z, global_sum=_identity, epsilon=1e-5):

@@ -125,8 +125,13 @@ def test_swapped_prediction_and_dino_losses_match_numpy(rows):
     np.testing.assert_allclose(losses.swapped_prediction_loss(codes, rows[1], 0.1),
                                np_swapped(codes, rows[1], 0.1), rtol=1e-5)
     center = rows[2][:1]
-    np.testing.assert_allclose(losses.dino_loss(rows[0], rows[1], center, 0.04, 0.1),
-                               np_dino(rows[0], rows[1], center, 0.04, 0.1), rtol=1e-4)
+    teachers = [losses.dino_teacher(t, center, 0.04) for t in rows[:2]]
+    np.testing.assert_allclose(teachers[1], softmax((rows[1] - center) / 0.04), rtol=1e-5,
+                               atol=1e-7)
+    students = rows[1:4]  # two global crops and a local one
+    expected = np.mean([np_dino(rows[i], students[v], center, 0.04, 0.1).mean()
+                        for i in (0, 1) for v in range(3) if v != i])
+    assert float(losses.dino_loss(teachers, students, 0.1)) == pytest.approx(expected, rel=1e-5)
 
 
 def test_barlow_twins_and_vicreg_losses_match_numpy(rows):

@@ -79,20 +79,21 @@ class DINO(Method):
 
     def forward(self, crops, training):
         embeddings = self._forward_by_resolution(crops, self.query_encoder, training)
-        return [{"embedding": z, "logits": self.last_layer(z)} for z in embeddings]
+        # Every crop through the last layer in one call: its [D, K] kernel normalized once.
+        logits = tf.split(self.last_layer(tf.concat(embeddings, 0)), len(embeddings))
+        return [{"embedding": z, "logits": s} for z, s in zip(embeddings, logits)]
 
     def method_loss(self, outputs, targets, step):
         """The mean cross-entropy over the (teacher crop, other student crop) pairs."""
         teacher_temperature = as_schedule(self.teacher_temperature)(step)
-        center = self.center.read()
-        terms = [tf.reduce_mean(losses.dino_loss(
-            teacher, outputs[v]["logits"], center, teacher_temperature,
-            self.student_temperature)) for i, teacher in enumerate(targets)
-            for v in range(len(outputs)) if v != i]
-        probabilities = tf.nn.softmax((tf.concat(targets, 0) - center) / teacher_temperature)
+        teachers = [losses.dino_teacher(t, self.center.read(), teacher_temperature)
+                    for t in targets]
+        loss = losses.dino_loss(teachers, [output["logits"] for output in outputs],
+                                self.student_temperature)
+        probabilities = tf.concat(teachers, 0)
         entropy = -tf.reduce_mean(tf.reduce_sum(
             probabilities * tf.math.log(probabilities + 1e-12), axis=-1))
-        return tf.add_n(terms) / len(terms), {"teacher_entropy": tf.stop_gradient(entropy)}
+        return loss, {"teacher_entropy": entropy}
 
     def update_state(self, outputs, targets, step):
         self.center.update(tf.concat(targets, 0))
