@@ -23,7 +23,8 @@ two sets the method's own two-crop or K = 4,096 step), the median of the per-rou
 the ratio of their counted FLOPs (``flops``): the student's forward on every crop three times
 (forward and backward), the teacher's forward on the global crops, and the products with a bank,
 a queue or a support set.  A ratio within its FLOP ratio is the arithmetic the method needs.
-Writes BENCHMARKS.md's ``method_steps`` section.
+Each set writes its own table into BENCHMARKS.md (between the markers
+``method_steps/<set>``), so that a set can be measured again alone.
 """
 
 import argparse
@@ -40,8 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _report  # noqa: E402
 
-SECTION = ("## Each method's step against MoCo v2's", "<!-- method_steps: begin -->",
-           "<!-- method_steps: end -->")
+TITLE = "## Each method's step against MoCo v2's"
 METHODS = ("moco_v2", "caco", "simclr", "byol", "simsiam", "moco_v3", "nnclr", "swav", "dino",
            "barlow_twins", "vicreg")
 R50 = ["data.source=mnist", "data.image_size=224", "data.channels=3", "data.views=imagenet",
@@ -185,24 +185,28 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    start = time.time()
-    lines = [SECTION[1], SECTION[0], "",
-             _report.command_line("method_steps.py", argv) + f"; {datetime.date.today()}, "
-             f"{_report.cpu_model()}, no GPU, float32.", ""]
     references = {"r50": "moco_v2", "offline": "moco_v2", "multicrop": "the first row",
                   "dino_head": "K = 4,096"}
     for set_name in args.sets.split(","):
+        start = time.time()
         rows = measure(set_name, args.rounds)
         if set_name == "multicrop":  # each method against its own two-crop step
             for two, multi in zip(rows[::2], rows[1::2]):
                 multi["ratio"] /= two["ratio"]
                 multi["flops_ratio"] /= two["flops_ratio"]
                 two["ratio"] = two["flops_ratio"] = 1.0
+        begin, end = set_markers(set_name)
+        lines = [begin, _report.command_line("method_steps.py", argv)
+                 + f"; {datetime.date.today()}, {_report.cpu_model()}, no GPU, float32.", ""]
         lines += table(set_name, rows, references[set_name]) + [""]
-        print("\n".join(lines[-len(rows) - 3:]), flush=True)
-    lines += [f"Took {(time.time() - start) / 60:.0f} minutes.", SECTION[2]]
-    _report.publish("\n".join(lines), args.output, SECTION[1], SECTION[2], SECTION[0])
+        lines += [f"Took {(time.time() - start) / 60:.0f} minutes.", end]
+        # Each set replaces its own table, inside the section, so that one set can run alone.
+        _report.publish("\n".join(lines), args.output, begin, end, f"{TITLE}: {set_name}")
     return 0
+
+
+def set_markers(set_name):
+    return f"<!-- method_steps/{set_name}: begin -->", f"<!-- method_steps/{set_name}: end -->"
 
 
 if __name__ == "__main__":
