@@ -86,8 +86,8 @@ class DINO(Method):
     def method_loss(self, outputs, targets, step):
         """The mean cross-entropy over the (teacher crop, other student crop) pairs."""
         teacher_temperature = as_schedule(self.teacher_temperature)(step)
-        teachers = [losses.dino_teacher(t, self.center.read(), teacher_temperature)
-                    for t in targets]
+        center = self.center.read()
+        teachers = [losses.dino_teacher(t, center, teacher_temperature) for t in targets]
         loss = losses.dino_loss(teachers, [output["logits"] for output in outputs],
                                 self.student_temperature)
         probabilities = tf.concat(teachers, 0)
