@@ -1,6 +1,6 @@
 """The bank part of the CaCo step alone, against K: how its cost grows with the bank size.
 
-    python benchmarks/bank_part.py                       # K = 4,096, 65,536, 262,144 -> BENCHMARKS.md
+    python benchmarks/bank_part.py                 # K = 4,096, 65,536, 262,144 -> BENCHMARKS.md
     python benchmarks/bank_part.py --sizes 1024,4096 --output /tmp/b.md
 
 The same functions ``step_time.py`` times inside its ResNet-50 processes (``CaCo.contrast``,

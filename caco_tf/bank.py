@@ -99,7 +99,6 @@ def adversarial_negative_gradient(queries, keys, bank, temperature):
     return tape.gradient(logits, bank, output_gradients=-probs / batch)
 
 
-
 # ---------------------------------------------------------------------- the tiled bank pass
 # The training step takes the same update (and the loss and its gradient with respect to the
 # queries) in two passes over tiles of bank rows: ``bank_statistics``, then

@@ -208,8 +208,8 @@ def dino_loss(teacher_probabilities, student_logits, student_temperature):
     """DINO's loss, a scalar: the mean over the pairs (teacher crop i, student crop v ≠ i) of
     the rows' mean cross-entropy -Σ_k P_t(k) log P_s(k), P_s = softmax(s/τ_s); the lists hold
     one [N, K] tensor per crop, the teacher's the global crops, which are also the student's
-    first (main_dino.py ``DINOLoss``).  Each crop's softmax is taken once, not once per pair: at K = 65,536 a
-    softmax is a pass over the whole [N, K] output."""
+    first (main_dino.py ``DINOLoss``).  Each crop's softmax is taken once, not once per pair:
+    at K = 65,536 a softmax is a pass over the whole [N, K] output."""
     log_students = [tf.nn.log_softmax(tf.cast(s, tf.float32) / student_temperature, axis=-1)
                     for s in student_logits]
     terms = [-tf.reduce_mean(tf.reduce_sum(teacher * log_students[v], axis=-1))

@@ -42,7 +42,7 @@ from caco_tf import health
 from caco_tf.methods.bank_warmup import BankWarmup
 from caco_tf.methods.memory_bank import MemoryBank
 from caco_tf.methods.momentum_encoder import (MomentumEncoder, build_encoder,
-                                             features_and_embeddings)
+                                              features_and_embeddings)
 from caco_tf.methods.summary import parts_table
 from caco_tf.training import distribute, steps
 

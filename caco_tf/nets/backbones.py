@@ -197,7 +197,8 @@ def _imagenet_stem(inputs, sync: bool):
 def _build_resnet50(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
     """torchvision ResNet-50 without ``fc``: 23,508,032 parameters, F = 2048."""
     inputs = _input(input_shape)
-    x = _resnet_stages(_imagenet_stem(inputs, sync), _bottleneck, [3, 4, 6, 3], [64, 128, 256, 512], sync)
+    x = _resnet_stages(_imagenet_stem(inputs, sync), _bottleneck, [3, 4, 6, 3],
+                       [64, 128, 256, 512], sync)
     return keras.Model(inputs, _pool(x, pool_grid), name="resnet50")
 
 
@@ -205,7 +206,8 @@ def _build_resnet18(input_shape, sync: bool, pool_grid: int = 1) -> keras.Model:
     """torchvision ResNet-18 without ``fc`` (ImageNet stem: 7x7/2 conv, 3x3/2 max-pool),
     F = 512: for images of 64 px and more (a 96 px input ends at 3x3)."""
     inputs = _input(input_shape)
-    x = _resnet_stages(_imagenet_stem(inputs, sync), _basic_block, [2, 2, 2, 2], [64, 128, 256, 512], sync)
+    x = _resnet_stages(_imagenet_stem(inputs, sync), _basic_block, [2, 2, 2, 2],
+                       [64, 128, 256, 512], sync)
     return keras.Model(inputs, _pool(x, pool_grid), name="resnet18")
 
 

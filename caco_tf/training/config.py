@@ -99,7 +99,6 @@ def _flatten(tree, path=(), leaves=None):
     return flat
 
 
-
 def changed_settings(old, new):
     """``["key: old -> new", ...]`` for every flattened key whose value differs."""
     old_flat, new_flat = _flatten(old), _flatten(new)
@@ -267,6 +266,7 @@ def _source(value, held_out=False):
 
 BACKBONES = tuple(DOWNSAMPLING)
 VIEWS = ("digits", "asymmetric", "symmetric", "cifar", "imagenet", "multicrop")
+
 
 # ---------------------------------------------------------------------------- the settings
 class Setting:

@@ -266,8 +266,8 @@ class RunFolder:
                 entry["positions"] = positions
             os.replace(partial, final)
             previous = [e for e in (self._entries() or []) if e["weights"] != name]
-            entries = [entry] + [e for e in previous
-                                 if os.path.exists(os.path.join(self.backup, e["weights"]))][:KEPT - 1]
+            kept = [e for e in previous if os.path.exists(os.path.join(self.backup, e["weights"]))]
+            entries = [entry] + kept[:KEPT - 1]
             metadata = {"checkpoints": entries}
             decided = decided if decided is not None else self.read_decided()
             if decided:
