@@ -17,6 +17,7 @@ import pytest
 from caco_tf.training.run_folder import RunFolder, weight_arrays
 
 import launch
+from tiny_run import offline_digits
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,11 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The --set arguments of a tiny run on 128 offline digits (4 steps an epoch, 2 epochs)."""
-    from caco_tf.data import load_offline_mnist
-
-    images, labels = load_offline_mnist()["train"]
-    path = tmp_path_factory.mktemp("data") / "digits.npz"
-    np.savez(path, images=images[:128], labels=labels[:128])
+    path = offline_digits(tmp_path_factory.mktemp("data"), 128, 0)[0]
     settings = [f"data.source=npz:{path}", "train.epochs=2", "method.caco.warmup_epochs=1",
                 "train.batch_size=32", "method.caco.bank_size=64", "model.projector_hidden=32",
                 "model.embedding_dim=16", "model.widths=[8,8,8,8]", "train.jit_compile=false",

@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from caco_tf.training import run_folder
 from caco_tf.training.run_folder import RunFolder, RunFolderError, WriteError
 import launch
+from tiny_run import offline_digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -159,18 +159,15 @@ def test_a_run_folder_too_small_for_the_run_is_refused_at_the_start_with_the_siz
     """caco-train whose run folder's file system cannot hold the run's checkpoints and exports:
     one ``error:`` line at the start with the sizes, exit status 74, no traceback, and no
     folder left (it used to fail at the first save, or once trained, at the export)."""
-    from caco_tf.data import load_offline_mnist
-
-    images, labels = load_offline_mnist()["train"]
-    data = tmp_path / "digits.npz"
-    np.savez(data, images=images[:128], labels=labels[:128])
+    data = offline_digits(tmp_path, 128, 0)[0]
     with tmpfs(tmp_path / "disk", 48 * 1024) as disk:
         run_dir = os.path.join(disk, "run")
         env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
                    CUDA_VISIBLE_DEVICES="")
         result = launch.run(
             [sys.executable, os.path.join(ROOT, "train.py"), "--run-dir", run_dir, "--quiet",
-             "--set", f"data.source=npz:{data}", "--set", "train.epochs=2", "--set", "method.caco.warmup_epochs=1",
+             "--set", f"data.source=npz:{data}", "--set", "train.epochs=2",
+             "--set", "method.caco.warmup_epochs=1",
              "--set", "train.batch_size=64", "--set", "method.caco.bank_size=64",
              "--set", "model.projector_hidden=32", "--set", "model.embedding_dim=16",
              "--set", "evaluation.knn_monitor_every=0", "--set", "evaluation.health_images=0"],

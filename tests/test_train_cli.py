@@ -18,6 +18,7 @@ from caco_tf.training import optimizers
 from caco_tf.training.run_folder import weight_arrays
 
 import launch
+from tiny_run import offline_digits
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,11 +28,7 @@ STEPS = 4  # 256 images / batch 64
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory):
     """256 real digits from the offline set, as an .npz (images and labels)."""
-    from caco_tf.data import load_offline_mnist
-    images, labels = load_offline_mnist()["train"]
-    path = tmp_path_factory.mktemp("data") / "digits.npz"
-    np.savez(path, images=images[:256], labels=labels[:256])
-    return str(path)
+    return offline_digits(tmp_path_factory.mktemp("data"), 256, 0)[0]
 
 
 def small_config(tmp_path, data_path, epochs=4):
