@@ -199,7 +199,8 @@ def main(argv=None):
         lines = [begin, _report.command_line("method_steps.py", argv)
                  + f"; {datetime.date.today()}, {_report.cpu_model()}, no GPU, float32.", ""]
         lines += table(set_name, rows, references[set_name]) + [""]
-        lines += [f"Took {(time.time() - start) / 60:.0f} minutes.", end, ""]
+        minutes = round((time.time() - start) / 60)
+        lines += [f"Took {minutes} minute{'s' if minutes != 1 else ''}.", end, ""]
         # Each set replaces its own table, inside the section, so that one set can run alone.
         _report.publish("\n".join(lines), args.output, begin, end, f"{TITLE}: {set_name}")
     return 0
