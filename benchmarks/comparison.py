@@ -32,7 +32,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -204,8 +203,9 @@ def parse_args(argv=None):
 
 
 def train_command(method, overrides, seed, data_source, run_dir, epochs):
-    settings = SHARED + [f"train.epochs={epochs}", f"method.name={method}", f"data.source={data_source}",
-                         f"train.seed={seed}", f"data.seed={seed}"] + overrides
+    settings = SHARED + [f"train.epochs={epochs}", f"method.name={method}",
+                         f"data.source={data_source}", f"train.seed={seed}",
+                         f"data.seed={seed}"] + overrides
     return ([sys.executable, os.path.join(REPO, "train.py"), "--config", CONFIG,
              "--run-dir", run_dir, "--quiet"] + [p for s in settings for p in ("--set", s)])
 
@@ -324,8 +324,9 @@ def report(args, cache):
         f"{steps:,} steps, {tuned}, then seeds 0–2 on the 4,000 training digits, measured "
         "once on the held-out 1,000: weighted kNN top-1 (k=5, T=0.07) and linear top-1 "
         "(`caco-evaluate linear`, its defaults).  CaCo runs the offline default, MoCo v2 with "
-        "CaCo's bank size, temperature and key momentum (nothing chosen for either).  Mean ± sample standard deviation over the seeds; one "
-        "standard error on 1,000 images is about 0.5 point.",
+        "CaCo's bank size, temperature and key momentum (nothing chosen for either).  Mean ± "
+        "sample standard deviation over the seeds; one standard error on 1,000 images is "
+        "about 0.5 point.",
         "",
         "| method | chosen settings (validation) | seeds | held-out kNN top-1 (%) | held-out "
         "linear top-1 (%) | health: rank · uniformity · collapse warned | paper, ImageNet "
