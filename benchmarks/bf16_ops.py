@@ -9,10 +9,10 @@ shape at batch 32: the convolutions of each kind (7×7/2 stem, 1×1, 3×3, 3×3/
 projection) forward, backward-data and backward-filter; BatchNorm forward and backward in
 training mode (``tf.compat.v1.nn.fused_batch_norm`` and its gradient, as Keras runs it); and
 the element-wise ops of a residual block (``relu``, ``add``, ReLU's gradient).  The two
-dtypes are timed in turn, round after round (medians).  A second pass of each op in a child process with
-``ONEDNN_VERBOSE=1`` names the oneDNN implementation it ran (``brg_conv_fwd:avx10_1_512_amx``
-is AMX; ``jit:avx512_core`` is AVX-512 without AMX; no line: the op is TensorFlow's own
-Eigen kernel, not oneDNN).
+dtypes are timed in turn, round after round (medians).  A second pass of each op in a child
+process with ``ONEDNN_VERBOSE=1`` names the oneDNN implementation it ran
+(``brg_conv_fwd:avx10_1_512_amx`` is AMX; ``jit:avx512_core`` is AVX-512 without AMX; no line:
+the op is TensorFlow's own Eigen kernel, not oneDNN).
 """
 
 import argparse

@@ -92,7 +92,8 @@ def main(argv=None):
         BEGIN, _report.command_line("decode_formats.py", argv),
         "", f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; {args.images} JPEGs of "
         f"500×375 (quality 90), read → decode → resize and crop to {args.size} → batches of "
-        f"64, `tf.data` map on as many threads as cores; {args.rounds} interleaved rounds after one warm-up of "
+        f"64, `tf.data` map on as many threads as cores; {args.rounds} interleaved rounds after "
+        "one warm-up of "
         "each. `tf.io.decode_image` reads JPEG, PNG, GIF, BMP and WebP and ignores EXIF; "
         "`images.decode_file_rgb` adds TIFF (through Pillow, only for TIFF files) and turns "
         "EXIF-rotated JPEGs upright (parsed in the graph).", "", *rows, "",

@@ -278,7 +278,6 @@ def section(medians, rates, ratios, ops, args, argv, jpeg_kb, load):
     return "\n".join(lines) + "\n"
 
 
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300)

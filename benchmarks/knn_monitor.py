@@ -1,15 +1,15 @@
 """The kNN monitor at scale: its time and peak memory as the training set grows.
 
-    python benchmarks/knn_monitor.py                        # 10 k, 100 k, 1 M images -> BENCHMARKS.md
+    python benchmarks/knn_monitor.py  # 10 k, 100 k, 1 M images -> BENCHMARKS.md
     python benchmarks/knn_monitor.py --sizes 10000 --output /tmp/k.md     # a quick look
 
 Generated labelled images (16×16 RGB PNGs of 100 classes, in a random class order, as TFRecord
 shards like ImageNet's; a separate held-out set of 20,000) are written once under ``--data``.
 For each training-set size, one process builds the monitor as a run does
 (``evaluation.monitor.knn_monitor``: class-balanced samples of ``evaluation.knn_train_images``
-training and ``knn_test_images`` held-out images, kNN by blocks) and times one measurement, then reports
-its peak resident memory.  For comparison, the same process size with the monitor as it was
-before (every training image's features, one process) up to ``--unbounded-limit`` images.
+training and ``knn_test_images`` held-out images, kNN by blocks) and times one measurement, then
+reports its peak resident memory.  For comparison, the same process size with the monitor as it
+was before (every training image's features, one process) up to ``--unbounded-limit`` images.
 The monitor's share of an epoch: its time over the epoch's (steps × the median step time of the
 same model, measured here on the generated images' batch size).
 """
@@ -193,11 +193,13 @@ def imagenet_computation(settings):
         f"the 8 replicas like the training step: **{100 * monitor / epoch:.2f} % of an epoch**, "
         f"{100 * monitor / epoch / every:.2f} % amortized at every {every} epochs (the kNN "
         f"itself, {settings['knn_test_images']:,} × {settings['knn_train_images']:,} × {width} "
-        f"multiply-adds ≈ {2 * settings['knn_test_images'] * settings['knn_train_images'] * width / 1e12:.0f} "
+        f"multiply-adds ≈ "
+        f"{2 * settings['knn_test_images'] * settings['knn_train_images'] * width / 1e12:.0f} "
         f"TFLOP, is negligible). Features held: {monitor_images:,} × {width} × 4 B = "
         f"{monitor_images * width * 4 / 1e6:.0f} MB, against {images * width * 4 / 1e9:.1f} GB "
         f"for every training image (the monitor before), which the chief alone computed "
-        f"({images * forward / 1e15:.1f} PFLOP on one GPU ≈ {100 * images * forward / epoch * 8:.0f} % "
+        f"({images * forward / 1e15:.1f} PFLOP on one GPU ≈ "
+        f"{100 * images * forward / epoch * 8:.0f} % "
         f"of an 8-GPU epoch's wall time)."]
 
 

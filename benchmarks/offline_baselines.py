@@ -47,9 +47,9 @@ def main(argv=None):
         keras.utils.set_random_seed(seed)  # as train.py seeds the weights (train.seed)
         backbone = build.build_model(config, steps_per_epoch=1).backbone
         train_f = knn.extract_features(backbone, data.eval_dataset(train.images, 500,
-                                                                    views.normalize))
-        test_f = knn.extract_features(backbone, data.eval_dataset(test.images, 500,
                                                                    views.normalize))
+        test_f = knn.extract_features(backbone, data.eval_dataset(test.images, 500,
+                                                                  views.normalize))
         accuracy = 100 * knn.knn_accuracy(train_f, train.labels, test_f, test.labels, k=5,
                                           temperature=0.07)
         probe = None

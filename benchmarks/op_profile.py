@@ -145,8 +145,8 @@ def compiled_step(name, precision, xla=False):
 
 def wall_times(name, rounds, xla=True):
     """{(precision, XLA): median ms of the compiled step}, the variants stepped in turn."""
-    runs = {(p, x): compiled_step(name, p, x) for p in PRECISIONS for x in ((False, True)
-                                                                             if xla else (False,))}
+    runs = {(p, x): compiled_step(name, p, x)
+            for p in PRECISIONS for x in ((False, True) if xla else (False,))}
     return {key: 1e3 * seconds for key, seconds in step_profile.round_robin(
         runs, rounds, warmup=0).items()}
 

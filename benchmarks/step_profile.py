@@ -263,7 +263,8 @@ def table(name, config, medians, run_step):
                                       "optimizer update"))
     lines = [f"**{name}** ({config['model']['backbone']}, {config['data']['image_size']} px, "
              f"batch {config['train']['batch_size']}, K={config['method']['bank_size']:,}, "
-             f"{config['train']['precision']}, XLA {'on' if config['train']['jit_compile'] else 'off'}"
+             f"{config['train']['precision']}, "
+             f"XLA {'on' if config['train']['jit_compile'] else 'off'}"
              f"):", "", "| part | ms | share of the compiled step |", "|---|---:|---:|"]
     for part, seconds in medians.items():
         lines.append(f"| {part} | {1e3 * seconds:.1f} | {100 * seconds / step:.0f} % |")

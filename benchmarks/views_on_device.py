@@ -100,8 +100,8 @@ def section(rates, args, argv, jpeg_kb, load):
         ratio = statistics.median(d / c for d, c in zip(each, rates[name, "CPU"]))
         lines.append(f"| {name} | {where} | {statistics.median(each):.1f} | "
                      f"{', '.join(f'{r:.1f}' for r in each)} | {ratio:.2f}x |")
-    lines += ["", "Cores of input an accelerator needs at the authors' PyTorch step rates on one H100 "
-              "(ResNet-50, batch 256: two views 668 images/s in float32, 1,276 with bf16; "
+    lines += ["", "Cores of input an accelerator needs at the authors' PyTorch step rates on one "
+              "H100 (ResNet-50, batch 256: two views 668 images/s in float32, 1,276 with bf16; "
               "multi-crop 432 and 823), from the medians above; an 8-GPU box needs 8 times as "
               "many (and the colour work the device path leaves to the step costs the "
               "accelerator time not counted here):", "",

@@ -151,7 +151,10 @@ def test_positive_takes_the_queues_nearest_neighbour_then_enqueues():
     view1, view2 = views()
     query1, query2, key1, key2 = pre_step(model, view1, view2)
     queue = _unit(model.memory_bank.rows.numpy())
-    neighbour = lambda keys: queue[np.argmax(keys @ queue.T, axis=-1)]  # noqa: E731
+
+    def neighbour(keys):
+        return queue[np.argmax(keys @ queue.T, axis=-1)]
+
     history = model.fit(tf.data.Dataset.from_tensors((view1, view2)), epochs=1, verbose=0)
     expected = (np_batch_infonce(query1, neighbour(key2), key2, TAU).mean()
                 + np_batch_infonce(query2, neighbour(key1), key1, TAU).mean())
@@ -191,8 +194,8 @@ def test_negative_bank_takes_the_adco_ascent_step():
                 + np_adco_gradient(query2, key1, bank0, BANK_TAU))
     # SGD momentum from zero velocity: b - η g; the encoder's loss is MoCo's against the bank.
     np.testing.assert_allclose(model.memory_bank.velocity.numpy(), gradient, rtol=1e-4, atol=1e-7)
-    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - BANK_LR * gradient, rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - BANK_LR * gradient,
+                               rtol=1e-4, atol=1e-6)
     expected = np_moco(query1, key2, bank0, TAU).mean() + np_moco(query2, key1, bank0, TAU).mean()
     assert history.history["loss"][0] == pytest.approx(expected, rel=1e-4)
     assert history.history["bank_lr"][0] == pytest.approx(BANK_LR)

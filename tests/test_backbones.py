@@ -30,7 +30,7 @@ def _images(shape, batch=2):
 
 
 def _bn_layers(model):
-    return [l for l in model.layers if isinstance(l, layers.BatchNormalization)]
+    return [layer for layer in model.layers if isinstance(layer, layers.BatchNormalization)]
 
 
 # ----------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def test_resnet50_layer_names_match_torchvision(resnet50):
             expected |= {f"{p}_bn{i}" for i in (1, 2, 3)}
             if b == 0:
                 expected |= {f"{p}_downsample_0", f"{p}_downsample_1"}
-    with_params = {l.name for l in resnet50.layers if l.weights}
+    with_params = {layer.name for layer in resnet50.layers if layer.weights}
     assert with_params == expected
 
 
@@ -126,7 +126,8 @@ def test_resnet50_torch_spatial_arithmetic():
     model = build_backbone("resnet50")
     sizes = {
         n: model.get_layer(n).output.shape[1:3]
-        for n in ["conv1", "maxpool", "layer1_2_out", "layer2_3_out", "layer3_5_out", "layer4_2_out"]
+        for n in ["conv1", "maxpool", "layer1_2_out", "layer2_3_out", "layer3_5_out",
+                  "layer4_2_out"]
     }
     assert sizes == {
         "conv1": (112, 112),
@@ -139,11 +140,11 @@ def test_resnet50_torch_spatial_arithmetic():
 
 
 def test_conv_and_bn_hyperparameters(resnet50):
-    for l in resnet50.layers:
-        if isinstance(l, layers.Conv2D):
-            assert l.use_bias is False, l.name
-            assert l.padding == "valid", l.name
-            init = l.kernel_initializer
+    for layer in resnet50.layers:
+        if isinstance(layer, layers.Conv2D):
+            assert layer.use_bias is False, layer.name
+            assert layer.padding == "valid", layer.name
+            init = layer.kernel_initializer
             assert isinstance(init, keras.initializers.VarianceScaling)
             assert (init.scale, init.mode, init.distribution) == (
                 2.0,
@@ -170,7 +171,8 @@ def test_conv_bn_padding_is_torch_symmetric():
 
     xp = np.pad(x[0, :, :, 0], 1)
     expected = np.array(
-        [[np.sum(xp[2 * i : 2 * i + 3, 2 * j : 2 * j + 3] * kernel[..., 0, 0]) for j in range(3)] for i in range(3)]
+        [[np.sum(xp[2 * i:2 * i + 3, 2 * j:2 * j + 3] * kernel[..., 0, 0]) for j in range(3)]
+         for i in range(3)]
     )
     # Fresh BN in inference mode only divides by sqrt(1 + eps).
     expected = expected / np.sqrt(1.0 + 1e-5)
@@ -189,19 +191,19 @@ def test_cifar_resnet18_structure():
     assert _num_params(model.trainable_weights) == 11_176_512 - 64 * 3 * (49 - 9)
     stem = model.get_layer("conv1")
     assert stem.kernel_size == (3, 3) and stem.strides == (1, 1)
-    assert not any(isinstance(l, layers.MaxPooling2D) for l in model.layers)
+    assert not any(isinstance(layer, layers.MaxPooling2D) for layer in model.layers)
     assert model.get_layer("layer1_0_conv1").strides == (1, 1)
     for stage in (2, 3, 4):
         assert model.get_layer(f"layer{stage}_0_conv1").strides == (2, 2)
         assert model.get_layer(f"layer{stage}_0_downsample_0").strides == (2, 2)
     # Stage 1 keeps 64 channels, so no projection shortcut there.
-    assert "layer1_0_downsample_0" not in {l.name for l in model.layers}
+    assert "layer1_0_downsample_0" not in {layer.name for layer in model.layers}
     assert model.get_layer("layer4_1_out").output.shape[1:] == (4, 4, 512)
 
 
 def test_small_convnet_structure():
     model = build_backbone("small_convnet")
-    convs = [l for l in model.layers if isinstance(l, layers.Conv2D)]
+    convs = [layer for layer in model.layers if isinstance(layer, layers.Conv2D)]
     assert [c.filters for c in convs] == [32, 64, 128, 256]
     assert [c.strides for c in convs] == [(1, 1), (2, 2), (2, 2), (2, 2)]
     assert all(c.kernel_size == (3, 3) and not c.use_bias for c in convs)
@@ -215,7 +217,7 @@ def test_small_convnet_structure():
 
 def test_projector_structure():
     proj = build_projector(64, hidden_dim=32, output_dim=16)
-    dense = [l for l in proj.layers if isinstance(l, layers.Dense)]
+    dense = [layer for layer in proj.layers if isinstance(layer, layers.Dense)]
     assert [d.name for d in dense] == ["fc_0", "fc_3", "fc_6"]
     assert [d.units for d in dense] == [32, 32, 16]
     assert all(d.use_bias is False for d in dense)

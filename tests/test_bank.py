@@ -1,4 +1,5 @@
-"""The bank update against the paper's closed forms (eqs. nor_pos_grad, nor_neg_grad, real_update)."""
+"""The bank update against the paper's closed forms (eqs. nor_pos_grad, nor_neg_grad,
+real_update)."""
 
 import numpy as np
 import pytest

@@ -164,7 +164,8 @@ def as_saved_by_0_2(config):
     """A configuration in the layout caco_tf 0.2 saved (section caco, key caco.method)."""
     config = as_saved_by_0_3(config)
     return {("caco" if key == "method" else key): (
-        {("method" if k == "name" else k): v for k, v in value.items() if k != "warmup_every_method"}
+        {("method" if k == "name" else k): v for k, v in value.items()
+         if k != "warmup_every_method"}
         if key == "method" else value) for key, value in config.items()}
 
 

@@ -73,7 +73,8 @@ def test_two_replicas_equal_one_device():
     copies = [v.numpy() for v in mirrored.memory_bank.rows.value.values]
     np.testing.assert_array_equal(copies[0], copies[1])  # every replica holds the same bank
     _assert_close(copies[0], single.memory_bank.rows.numpy(), "bank")
-    _assert_close(mirrored.memory_bank.velocity.numpy(), single.memory_bank.velocity.numpy(), "bank velocity")
+    _assert_close(mirrored.memory_bank.velocity.numpy(), single.memory_bank.velocity.numpy(),
+                  "bank velocity")
     for a, b in zip(single.query_encoder.weights + single.key_encoder.weights,
                     mirrored.query_encoder.weights + mirrored.key_encoder.weights):
         _assert_close(b.numpy(), a.numpy(), a.path)
@@ -92,7 +93,8 @@ def test_mixed_precision_keeps_the_bank_and_loss_in_float32(policy):
     finally:
         keras.config.set_dtype_policy(previous)
     assert model.query_encoder.layers[1].compute_dtype in ("float16", "bfloat16")
-    assert model.memory_bank.rows.dtype == "float32" and model.memory_bank.velocity.dtype == "float32"
+    assert (model.memory_bank.rows.dtype == "float32"
+            and model.memory_bank.velocity.dtype == "float32")
     assert model.query_encoder.output.dtype == "float32"  # embeddings → logits → softmax → loss
     assert np.isfinite(history.history["loss"]).all()
     assert np.abs(model.memory_bank.velocity.numpy()).max() > 0  # the bank did take its step
@@ -107,7 +109,8 @@ def test_xla_train_step_matches_the_plain_step():
     compiled = tiny_caco()
     compiled.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), jit_compile=True)
     compiled.fit(dataset, epochs=1, verbose=0)
-    np.testing.assert_allclose(compiled.memory_bank.rows.numpy(), plain.memory_bank.rows.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(compiled.memory_bank.rows.numpy(), plain.memory_bank.rows.numpy(),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_make_strategy_names(monkeypatch):

@@ -101,7 +101,10 @@ def test_raw_pixel_baseline_needs_no_run(capsys, tmp_path):
     (train_x, train_y), (test_x, test_y) = [
         (np.stack([x for x, _ in split]).reshape(len(split), -1) / 255.0,
          np.array([y for _, y in split])) for split in splits]
-    unit = lambda v: v / np.linalg.norm(v, axis=1, keepdims=True)  # noqa: E731
+
+    def unit(v):
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
     nearest = np.argmax(unit(test_x) @ unit(train_x).T, axis=1)
     assert result["top1"] == pytest.approx(100.0 * np.mean(train_y[nearest] == test_y))
 

@@ -17,7 +17,6 @@ from caco_tf.nets.layers import BatchNormalization
 from caco_tf.methods import CaCo
 
 
-
 def _unit(x):
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
@@ -102,9 +101,12 @@ def test_knn_monitor_logs_every_n_epochs_and_the_last(tmp_path):
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     train_x, test_x = rng.normal(size=(40, 6)), rng.normal(size=(20, 6))
     train_y, test_y = rng.integers(0, 3, 40), rng.integers(0, 3, 20)
-    batches = lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(16)  # noqa: E731
+
+    def batches(x, y):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
     monitor = KNNMonitor(batches(train_x, train_y), batches(test_x, test_y), every=2,
-                                   k=3, temperature=0.1)
+                         k=3, temperature=0.1)
     path = str(tmp_path / "history.json")
     history = model.fit(rng.normal(size=(32, 6)), rng.normal(size=(32, 2)), epochs=3, verbose=0,
                         callbacks=[monitor, callbacks.HistoryJSON(path)])
@@ -248,16 +250,19 @@ def test_pretraining_saves_precise_batchnorm_statistics(monitored_run):
         assert recalibrate_batchnorm(run.model.backbone, every_other) == 24
     for layer, variance in zip(norms, saved):
         np.testing.assert_allclose(layer.moving_variance.numpy(), variance, rtol=1e-4)
-    with pytest.raises(ConfigError, match="train.precise_bn_images must be an integer >= 0, got -1"):
+    with pytest.raises(ConfigError,
+                       match="train.precise_bn_images must be an integer >= 0, got -1"):
         load_config(None, ["train.precise_bn_images=-1"])
 
 
 def test_monitor_settings_are_checked():
     from caco_tf.training.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="evaluation.knn_monitor_every must be an integer >= 0, got -1"):
+    with pytest.raises(ConfigError,
+                       match="evaluation.knn_monitor_every must be an integer >= 0, got -1"):
         load_config(None, ["evaluation.knn_monitor_every=-1"])
-    with pytest.raises(ConfigError, match="evaluation.knn_monitor_k must be an integer >= 1, got 0"):
+    with pytest.raises(ConfigError,
+                       match="evaluation.knn_monitor_k must be an integer >= 1, got 0"):
         load_config(None, ["evaluation.knn_monitor_k=0"])
 
 

@@ -74,11 +74,11 @@ def test_the_three_figures_from_a_run_folder(tmp_path, capsys):
     run_dir, _ = make_run(tmp_path / "run", history=HISTORY)
     with tfds.testing.mock_data(num_examples=40):
         status = figures_cli.main(["--run", run_dir, "--points", "30", "--queries", "3",
-                               "--negatives", "4"])
+                                   "--negatives", "4"])
     assert status == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.rsplit("/", 1)[-1] for line in out] == ["prob_acc.png", "t_sne.png",
-                                                        "query_ex.png"]
+                                                         "query_ex.png"]
     for line in out:
         assert imread(line.split("figure: ", 1)[1]).shape[0] > 200
 

@@ -1,5 +1,6 @@
 """Health without labels: the metrics against closed forms on constructed embeddings, the
-collapse rule (judged after the warm-up), and a NaN loss stopping a run while its last good state stays."""
+collapse rule (judged after the warm-up), and a NaN loss stopping a run while its last good
+state stays."""
 
 import types
 

@@ -43,8 +43,8 @@ def test_inference_and_dense_inputs_take_keras_path():
     np.testing.assert_allclose(layer(dense, training=True),
                                keras.layers.BatchNormalization()(dense, training=True), atol=1e-5)
     images = tf.random.normal([2, 3, 3, 4])
-    np.testing.assert_allclose(layer.__class__()(images, training=False), images / np.sqrt(1 + 1e-3),
-                               atol=1e-5)
+    np.testing.assert_allclose(layer.__class__()(images, training=False),
+                               images / np.sqrt(1 + 1e-3), atol=1e-5)
 
 
 def _two_layer_model(norm):

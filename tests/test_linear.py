@@ -146,7 +146,10 @@ def test_head_trains_only_one_dense_layer():
     # At inference the head is affine in the features: f(a) + f(b) - f(0) = f(a + b).
     a, b = np.random.default_rng(0).normal(size=(2, 4, 5)).astype(np.float32)
     head.layers[-1].kernel.assign(np.arange(15, dtype=np.float32).reshape(5, 3) / 10)
-    f = lambda x: head(x, training=False).numpy()  # noqa: E731
+
+    def f(x):
+        return head(x, training=False).numpy()
+
     np.testing.assert_allclose(f(a) + f(b) - f(np.zeros_like(a)), f(a + b), atol=1e-4)
 
 

@@ -75,8 +75,8 @@ def test_one_step_follows_the_paper():
     # Bank: SGD momentum from zero velocity → b - η g, g summed over the two views.
     np.testing.assert_allclose(model.memory_bank.velocity.numpy(), gradient.numpy(), rtol=1e-4,
                                atol=1e-7)
-    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - 0.5 * gradient.numpy(), rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - 0.5 * gradient.numpy(),
+                               rtol=1e-4, atol=1e-6)
     assert np.abs(model.memory_bank.rows.numpy() - bank0).max() > 1e-4
     # Loss and metrics reported through the trackers.
     assert history.history["loss"][0] == pytest.approx(expected_loss, rel=1e-4)

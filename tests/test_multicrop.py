@@ -48,7 +48,8 @@ def test_without_local_crops_it_is_the_two_view_step():
     # The two-view step takes the same formulas tile by tile (caco_tf.bank's tiled passes),
     # the multi-crop step by products and a tape: equal up to float32 rounding.
     assert history_multi["loss"] == pytest.approx(history_two["loss"], rel=1e-6)
-    np.testing.assert_allclose(multi.memory_bank.rows.numpy(), two_view.memory_bank.rows.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(multi.memory_bank.rows.numpy(), two_view.memory_bank.rows.numpy(),
+                               rtol=1e-5, atol=1e-6)
     for a, b in zip(multi.query_encoder.weights + multi.key_encoder.weights,
                     two_view.query_encoder.weights + two_view.key_encoder.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
@@ -84,8 +85,8 @@ def test_multicrop_step_follows_the_loss_over_crops():
     assert history["loss"][0] == pytest.approx(expected_loss, rel=1e-5)
     np.testing.assert_allclose(model.memory_bank.velocity.numpy(), expected_gradient, rtol=1e-4,
                                atol=1e-7)
-    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - 0.5 * expected_gradient, rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(model.memory_bank.rows.numpy(), bank0 - 0.5 * expected_gradient,
+                               rtol=1e-4, atol=1e-6)
     # The local crops do move the bank: without them the update differs.
     two_crops_gradient = grad(queries[0], positive1) + grad(queries[1], positive2)
     assert np.abs(expected_gradient - two_crops_gradient).max() > 1e-5

@@ -20,7 +20,8 @@ from caco_tf.training.run_folder import RunFolder, weight_arrays
 OLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "v0_2")
 # make.py's settings over the mnist configuration, in today's names.
 TINY = ["model.widths=[4,8,8,8]", "model.projector_hidden=16", "model.embedding_dim=8",
-        "method.caco.bank_size=64", "train.batch_size=32", "train.epochs=2", "method.caco.warmup_epochs=1",
+        "method.caco.bank_size=64", "train.batch_size=32", "train.epochs=2",
+        "method.caco.warmup_epochs=1",
         "evaluation.knn_monitor_every=0", "evaluation.health_images=0",
         "evaluation.knn_train_images=500", "evaluation.knn_test_images=200"]
 WALL_CLOCK = {"step_ms", "images_per_s", "data_wait"}
@@ -34,7 +35,8 @@ def arrays(path):
 
 def test_an_old_run_folder_and_keras_files_load():
     run = build.load_run(os.path.join(OLD, "run"))
-    assert run.config["method"]["name"] == "caco" and run.config["method"]["caco"]["bank_size"] == 64
+    assert (run.config["method"]["name"] == "caco"
+            and run.config["method"]["caco"]["bank_size"] == 64)
     saved = arrays(os.path.join(OLD, "run", "checkpoints", "last.weights.h5"))
     np.testing.assert_array_equal(run.model.memory_bank.rows.numpy(), saved["/vars/0"])
     np.testing.assert_array_equal(run.model.memory_bank.velocity.numpy(), saved["/vars/1"])

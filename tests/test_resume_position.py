@@ -83,7 +83,7 @@ def test_a_resumed_stream_reads_nothing_before_its_place(tmp_path):
 
 
 def test_a_stopped_image_folder_run_resumes_bit_for_bit_without_rereading(tmp_path,
-                                                                         monkeypatch):
+                                                                          monkeypatch):
     """train's run on an image folder with bad files, stopped by a real SIGTERM inside epoch
     2 and resumed after the files it had passed over in that epoch were spoilt: the weights
     and history of the uninterrupted run, and its list of bad files."""

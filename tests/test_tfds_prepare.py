@@ -146,7 +146,7 @@ def test_an_unreachable_download_host_is_found_in_seconds(monkeypatch):
 
 
 def test_a_data_set_that_needs_a_download_fails_within_seconds_without_network(tmp_path,
-                                                                             monkeypatch):
+                                                                               monkeypatch):
     if unreachable_reason("www.cs.toronto.edu", 443) is None:
         pytest.skip("this machine reaches CIFAR-10's host: the test would download it")
     import tensorflow_datasets as tfds

@@ -206,7 +206,8 @@ def test_features_and_embeddings_equal_pytorch(imported, encoder):
 
 def test_bank_statistics_and_resume_state_are_carried_exactly(imported):
     model, checkpoint = imported.model, imported.checkpoint
-    np.testing.assert_array_equal(model.memory_bank.rows.numpy(), checkpoint["Memory_Bank"]["W"].numpy().T)
+    np.testing.assert_array_equal(model.memory_bank.rows.numpy(),
+                                  checkpoint["Memory_Bank"]["W"].numpy().T)
     np.testing.assert_array_equal(model.memory_bank.velocity.numpy(),
                                   checkpoint["Memory_Bank"]["v"].numpy().T)
     state = checkpoint["state_dict"]
@@ -286,7 +287,8 @@ def resnet18_checkpoint():
     (lambda ok: {"model": {}}, "the checkpoint has no 'state_dict' dict (its keys: model)"),
 ])
 def test_a_wrong_checkpoint_names_the_key_and_changes_nothing(imported, make, message):
-    before = imported.model.memory_bank.rows.numpy().copy(), imported.model.backbone.weights[0].numpy().copy()
+    before = (imported.model.memory_bank.rows.numpy().copy(),
+              imported.model.backbone.weights[0].numpy().copy())
     with pytest.raises(CheckpointError) as caught:
         torch_import.import_checkpoint(imported.model, make(imported))
     assert message in str(caught.value)

@@ -138,7 +138,8 @@ def test_a_hard_kill_loses_at_most_the_time_since_the_last_periodic_save(
     process = launch.Popen(
         [sys.executable, "-c", "import sys, time; sys.argv[0] = 'train.py';"
          "from caco_tf.training import callbacks as c; end = c.Throughput.on_train_batch_end;"
-         "c.Throughput.on_train_batch_end = lambda s, b, logs=None: (time.sleep(0.04), end(s, b, logs));"
+         "c.Throughput.on_train_batch_end = "
+         "lambda s, b, logs=None: (time.sleep(0.04), end(s, b, logs));"
          "from caco_tf.cli import train; sys.exit(train.main(sys.argv[1:]))",
          "--config", config, "--run-dir", run_dir, "--quiet", *every],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
