@@ -343,7 +343,8 @@ def report(args, cache):
                   f"{cell([e.get('uniformity') for e in seeds], 2)} · "
                   f"{warned} of {sum(1 for e in seeds if e)}")
         done = [str(s) for s, e in enumerate(seeds) if "knn_top1" in e]
-        lines.append(f"| {method} | `{settings or 'its defaults'}` | {', '.join(done) or '–'} | "
+        chosen = f"`{settings}`" if settings else "its defaults"
+        lines.append(f"| {method} | {chosen} | {', '.join(done) or '–'} | "
                      f"{cell([e.get('knn_top1') for e in seeds])} | "
                      f"{cell([e.get('linear_top1') for e in seeds])} | {health} | "
                      f"{PAPER[method]} |")
