@@ -166,6 +166,8 @@ class StuckPeerWatchdog(keras.callbacks.Callback):
             return f"global step {self._step + 1}"
         if self.phase == "epoch end":
             return f"the end of epoch {self._epoch + 1} (after global step {self._step})"
+        if self.phase == "epoch start":  # the epoch's iterator and callbacks, before its step
+            return f"the start of epoch {self._epoch + 1} (after global step {self._step})"
         return f"{self.phase} (after global step {self._step})"
 
     def on_train_begin(self, logs=None):
@@ -175,6 +177,7 @@ class StuckPeerWatchdog(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        self._enter("epoch start")
 
     def on_train_batch_begin(self, batch, logs=None):
         self._enter("step")
