@@ -17,7 +17,7 @@ from caco_tf.data import DEFAULT_CROP_FRACTION, augment, service, sources
 from caco_tf.methods import model_class
 from caco_tf.nets import backbones
 from caco_tf.training import callbacks, optimizers
-from caco_tf.training.config import (ConfigError, load_config, settings_section,
+from caco_tf.config import (ConfigError, load_config, settings_section,
                                      upgrade_saved_config)
 from caco_tf.training.run_folder import RunFolder
 
@@ -195,6 +195,10 @@ def check_sizes(config, num_images, replicas=1):
     if batch % replicas:
         raise ConfigError(f"train.batch_size {batch} must split evenly over the {replicas} "
                           f"replicas: use a multiple of {replicas}")
+    refusal = model_class(config["method"]["name"]).check_batch(
+        method_settings(config), batch // replicas, config["model"]["embedding_dim"])
+    if refusal:
+        raise ConfigError(refusal)
     # One pass writes one key per image of its full batches: the bank holds distinct images
     # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
     filled = (num_images // batch) * batch
@@ -212,6 +216,18 @@ def check_sizes(config, num_images, replicas=1):
                           f"{settings['warmup_epochs']}, {section}.warmup_min_steps "
                           f"{settings['warmup_min_steps']}) must end before the run's "
                           f"{config['train']['epochs'] * steps} steps")
+
+
+def check_image_size(config, train):
+    """Refuse, in one line, digit views of images that are not ``data.image_size`` square: the
+    digit views keep the images' own size, which the backbone is built for."""
+    size, images = config["data"]["image_size"], getattr(train, "images", None)
+    if config["data"]["views"] == "digits" and images is not None and (
+            tuple(images.shape[1:3]) != (size, size)):
+        raise ConfigError(
+            f"data.image_size must be the images' own side with data.views digits (they keep "
+            f"it): {config['data']['source']} holds {images.shape[1]}x{images.shape[2]} "
+            f"images, got {size}; set data.image_size {images.shape[1]} or choose colour views")
 
 
 def online_probe_classes(config, train):

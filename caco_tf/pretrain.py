@@ -12,8 +12,8 @@ import tensorflow as tf
 import yaml
 
 from caco_tf import __version__, data
-from caco_tf.build import (build_model, build_views, check_sizes, health_sample, load_data,
-                           online_probe_classes, precise_bn)
+from caco_tf.build import (build_model, build_views, check_image_size, check_sizes,
+                           health_sample, load_data, online_probe_classes, precise_bn)
 from caco_tf.data import service
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
@@ -21,7 +21,7 @@ from caco_tf.training import callbacks, decisions, distribute, interrupts, peers
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
-from caco_tf.training.config import (ConfigError, changed_settings, in_use,
+from caco_tf.config import (ConfigError, changed_settings, in_use,
                                      upgrade_saved_config)
 
 
@@ -34,19 +34,17 @@ SCHEDULE_SETTINGS = ("data.source", "train.epochs", "train.batch_size", "train.l
 
 def is_schedule_setting(name):
     """Whether a setting (dotted) changes the schedules of a run in progress."""
-    from caco_tf.training.config import SETTINGS
+    from caco_tf.config import SETTINGS
 
     setting = SETTINGS.get(name)
     return name in SCHEDULE_SETTINGS or (setting is not None and name.startswith("method.") and (
         bool(setting.schedule or setting.in_steps) or not setting.passed))
 
 
-# Settings that change what is trained (the method, the networks, the heads, the bank and queues,
-# the images' channels): a resume refuses them, since the checkpoint holds what the old ones
-# built.  By prefix; a method's by the key's end, in whichever section.
+# Settings that change what is trained (the method, the networks, the images' channels, and
+# each method's settings declared ``trained``: a bank's rows, a head's width): a resume refuses
+# them, since the checkpoint holds what the old ones built.
 TRAINED_SETTINGS = ("method.name", "model.", "data.channels")
-TRAINED_SUFFIXES = (".bank_size", ".warmup_bank_size", ".queue_size", ".predictor_hidden",
-                    ".predictor", ".num_prototypes", ".out_dim")
 
 
 class TrainingStopped(ConfigError):
@@ -81,6 +79,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
     keras.utils.set_random_seed(config["train"]["seed"])
     train, held_out = load_data(config)
     check_sizes(config, len(train), strategy.num_replicas_in_sync)
+    check_image_size(config, train)
     probe_classes = online_probe_classes(config, train)
     views = build_views(config)  # checks the views' shapes: before anything is written
     if config["data"]["service"]:  # servable, and the dispatcher answers
@@ -183,8 +182,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
         last = folder.read_backup()
         kept = (f"its last good state (epoch {last.epoch}) is kept in {folder.backup}"
                 if last else "no epoch finished before")
-        advice = ("lower the learning rates (train.learning_rate, method.bank_lr) or use "
-                  "train.precision float32" if "loss became" in model.unhealthy
+        advice = (model.DIVERGENCE_ADVICE if "loss became" in model.unhealthy
                   else model.COLLAPSE_ADVICE)
         raise TrainingStopped(f"the run stopped: {model.unhealthy}; {kept}; {advice}")
     if signals.received:  # during the last epoch's end: its state is saved
@@ -298,7 +296,9 @@ def check_plan(config, run_dir, backup, changes, steps_per_epoch):
 
 
 def _changes_what_is_trained(key):
-    return key.startswith(TRAINED_SETTINGS) or key.endswith(TRAINED_SUFFIXES)
+    from caco_tf.config import SETTINGS
+
+    return key.startswith(TRAINED_SETTINGS) or getattr(SETTINGS.get(key), "trained", False)
 
 
 def resumed_with(run_dir, backup, changes):

@@ -1,26 +1,29 @@
-"""mkdocs hooks: pages generated from the code at build time, so that they cannot drift.
+"""Pages generated from the code at build time (an mkdocs hook), so that they cannot drift.
 
 ``<!-- configuration-reference -->`` in a page becomes the table of every configuration key:
-its default, what it accepts and what it does, as ``SETTINGS`` in
-``caco_tf/training/config.py`` declares them.
+its default, what it accepts and what it does, as ``SETTINGS`` in ``caco_tf/config.py``
+declares them; ``<!-- methods-table -->`` the table of the methods, from what each method class
+declares (``caco_tf.methods.docs_table``), so a new method's file adds its row.
 """
 
 import json
 import os
 import sys
 
-MARKER = "<!-- configuration-reference -->"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKERS = ("<!-- configuration-reference -->", "<!-- methods-table -->")
 
 
 def on_page_markdown(markdown, page, config, files):
-    if MARKER not in markdown:
-        return markdown
-    return markdown.replace(MARKER, configuration_reference())
+    for marker, table in zip(MARKERS, (configuration_reference, methods_table)):
+        if marker in markdown:
+            markdown = markdown.replace(marker, table())
+    return markdown
 
 
 def configuration_reference():
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from caco_tf.training.config import SETTINGS
+    sys.path.insert(0, ROOT)
+    from caco_tf.config import SETTINGS
 
     sections = {}
     for name, setting in SETTINGS.items():
@@ -40,3 +43,10 @@ def configuration_reference():
 
 def _escape(text):
     return text.replace("|", "\\|").replace("<", "&lt;")
+
+
+def methods_table():
+    sys.path.insert(0, ROOT)
+    from caco_tf.methods import docs_table
+
+    return "\n".join(docs_table())

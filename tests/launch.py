@@ -42,7 +42,7 @@ INHERITED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
              signal.SIGUSR2, signal.SIGCHLD)
 PRELOAD = ["tensorflow", "keras", "caco_tf.pretrain", "caco_tf.cli.train",
            "caco_tf.cli.evaluate", "caco_tf.cli.export", "caco_tf.cli.extract",
-           "caco_tf.cli.data_service", "caco_tf.training.config", "tensorboard"]
+           "caco_tf.cli.data_service", "caco_tf.config", "tensorboard"]
 
 
 # ----------------------------------------------------------------------------- the tests' side

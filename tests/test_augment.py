@@ -360,7 +360,7 @@ def test_a_keras_layer_appended_to_the_views_in_python_and_in_a_configuration():
     from caco_tf import build
     from caco_tf.data import augment as views_lib
     from caco_tf.data import pipeline
-    from caco_tf.training.config import ConfigError, load_config
+    from caco_tf.config import ConfigError, load_config
 
     images = np.random.default_rng(0).integers(0, 256, (8, 20, 20, 3), dtype=np.uint8)
     plain = views_lib.AsymmetricViews(16, 3)

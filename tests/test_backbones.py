@@ -258,7 +258,7 @@ def test_feature_map_sizes_are_the_built_backbones(name, channels):
     """nets.sizes, which checks a configuration before anything is built, agrees with the
     layers the backbones are built from."""
     from caco_tf.nets import sizes
-    from caco_tf.training.config import BACKBONES
+    from caco_tf.config import BACKBONES
 
     assert set(BACKBONES) == set(sizes.DOWNSAMPLING) == set(BACKBONE_NAMES)
     for size in (9, 28, 33, 64):

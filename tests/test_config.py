@@ -1,6 +1,6 @@
 import pytest
 
-from caco_tf.training.config import ConfigError, changed_settings, load_config
+from caco_tf.config import ConfigError, changed_settings, load_config
 
 
 def test_defaults_and_overrides(tmp_path):
@@ -82,7 +82,7 @@ def test_changed_settings_names_each_differing_key_with_both_values():
 
 
 def test_every_setting_has_one_line_of_help_and_a_rule_its_default_passes():
-    from caco_tf.training.config import DEFAULTS, SETTINGS
+    from caco_tf.config import DEFAULTS, SETTINGS
 
     assert load_config(None) == DEFAULTS  # the defaults pass every check together, too
     for name, setting in SETTINGS.items():
@@ -94,7 +94,7 @@ def test_every_setting_has_one_line_of_help_and_a_rule_its_default_passes():
 
 
 def test_defaults_are_the_settings_nested_by_section():
-    from caco_tf.training.config import DEFAULTS, DEFAULTS_FLAT, RULES, SETTINGS
+    from caco_tf.config import DEFAULTS, DEFAULTS_FLAT, RULES, SETTINGS
 
     assert {".".join(key) for key in DEFAULTS_FLAT} == set(SETTINGS) == set(RULES)
     assert DEFAULTS["method"]["name"] == "caco"
@@ -170,7 +170,7 @@ def as_saved_by_0_2(config):
 
 
 def test_a_config_yaml_saved_before_the_sections_loads_in_the_new_layout(tmp_path):
-    from caco_tf.training.config import upgrade_saved_config
+    from caco_tf.config import upgrade_saved_config
 
     path = tmp_path / "config.yaml"
     path.write_text(OLD_RUN_CONFIG)
@@ -252,3 +252,18 @@ def test_numbers_in_scientific_notation_are_floats(tmp_path):
         "bank_lr"] == 0.5
     with pytest.raises(ConfigError, match="train.weight_decay must be of type float, got '5e'"):
         load_config(None, ["train.weight_decay=5e"])
+
+
+def test_an_empty_configuration_file_is_refused_naming_the_file(tmp_path):
+    for text in ("", "# a truncated copy: its settings are gone\n"):
+        path = tmp_path / "truncated.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=f"config {path} holds no settings"):
+            load_config(str(path))
+
+
+def test_digit_views_at_another_size_than_the_digits_are_one_line():
+    with pytest.raises(ConfigError, match="data.image_size must be 28 with data.views digits "
+                                          "on data.source mnist .*, got 64"):
+        load_config(None, ["data.image_size=64"])
+    assert load_config(None, ["data.image_size=64", "data.views=asymmetric"])  # crops resize

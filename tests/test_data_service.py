@@ -15,7 +15,7 @@ from PIL import Image
 from caco_tf import data
 from caco_tf.data import augment, service
 from caco_tf.data.sources import folder_source
-from caco_tf.training.config import ConfigError, load_config
+from caco_tf.config import ConfigError, load_config
 import launch
 
 

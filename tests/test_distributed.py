@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from caco_tf.training import distribute
-from caco_tf.training.config import ConfigError
+from caco_tf.config import ConfigError
 from test_model import BATCH, one_batch_dataset, tiny_caco, views
 import launch
 

@@ -14,7 +14,7 @@ from caco_tf.evaluation.monitor import KNNMonitor, knn_monitor
 from caco_tf.nets import backbones
 from caco_tf.training import callbacks
 from caco_tf.nets.layers import BatchNormalization
-from caco_tf.methods import CaCo
+from caco_tf.methods.caco import CaCo
 
 
 def _unit(x):
@@ -200,7 +200,7 @@ def monitored_run(tmp_path_factory):
     import tensorflow_datasets as tfds
 
     from caco_tf import pretrain
-    from caco_tf.training.config import load_config
+    from caco_tf.config import load_config
     from tiny_run import OVERRIDES
 
     config = load_config(None, OVERRIDES + [
@@ -233,7 +233,7 @@ def test_pretraining_saves_precise_batchnorm_statistics(monitored_run):
     import tensorflow_datasets as tfds
 
     from caco_tf import build
-    from caco_tf.training.config import ConfigError, load_config
+    from caco_tf.config import ConfigError, load_config
     from caco_tf.nets.layers import recalibrate_batchnorm
 
     _, run_dir, _ = monitored_run
@@ -256,7 +256,7 @@ def test_pretraining_saves_precise_batchnorm_statistics(monitored_run):
 
 
 def test_monitor_settings_are_checked():
-    from caco_tf.training.config import ConfigError, load_config
+    from caco_tf.config import ConfigError, load_config
 
     with pytest.raises(ConfigError,
                        match="evaluation.knn_monitor_every must be an integer >= 0, got -1"):
@@ -299,7 +299,7 @@ def test_pretraining_with_the_online_probe(monitored_run):
 
 def test_the_online_probe_needs_a_labelled_training_source(tmp_path):
     from caco_tf import build, pretrain
-    from caco_tf.training.config import ConfigError, load_config
+    from caco_tf.config import ConfigError, load_config
     from tiny_run import OVERRIDES
 
     images = np.random.default_rng(0).integers(0, 256, (48, 28, 28, 1), dtype=np.uint8)

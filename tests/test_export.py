@@ -18,7 +18,7 @@ import tensorflow as tf
 from caco_tf.nets import backbones
 from caco_tf.data import images as image_ops
 from caco_tf.serving import export
-from caco_tf.methods import build_encoder
+from caco_tf.methods.momentum_encoder import build_encoder
 import launch
 
 

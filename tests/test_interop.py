@@ -18,7 +18,7 @@ from caco_tf import build  # noqa: E402
 from caco_tf.data import augment  # noqa: E402
 from caco_tf.nets import backbones  # noqa: E402
 from caco_tf.serving import export, interop  # noqa: E402
-from caco_tf.training.config import load_config  # noqa: E402
+from caco_tf.config import load_config  # noqa: E402
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,11 +11,11 @@ import pytest
 import tensorflow as tf
 
 from caco_tf import build, methods
-from caco_tf.training.config import load_config
+from caco_tf.config import load_config
 from tiny_methods import CONFIG_OVERRIDES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = CONFIG_OVERRIDES + ["train.batch_size=8", "train.epochs=3",
+TINY = CONFIG_OVERRIDES + ["method.caco.warmup_epochs=1", "train.batch_size=8", "train.epochs=3",
                            "evaluation.online_probe=false"]
 
 
@@ -138,7 +138,7 @@ def test_a_caco_composed_by_hand_saves_loads_and_exports(tmp_path):
     keras.utils.set_random_seed(0)
     backbone = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
                                  keras.layers.GlobalAveragePooling2D()], name="tiny_backbone")
-    model = methods.CaCo(backbone, backbones.build_projector(4, hidden_dim=16, output_dim=8),
+    model = methods.model_class("caco")(backbone, backbones.build_projector(4, hidden_dim=16, output_dim=8),
                          bank_size=32)
     model.compile(optimizer=keras.optimizers.SGD(0.1))
     model.fit(_batches(1), epochs=1, verbose=0)

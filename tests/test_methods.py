@@ -8,9 +8,12 @@ import pytest
 import tensorflow as tf
 
 from caco_tf import losses, methods
+from caco_tf.methods.contrastive import ContrastiveMethod
 from tiny_methods import BATCH, tiny, views
 
-NEW = ("byol", "simsiam", "moco_v3", "nnclr", "swav", "dino", "barlow_twins", "vicreg")
+# The methods outside the InfoNCE family (tests/test_ablations.py has that family's).
+NEW = tuple(name for name, cls in methods.METHODS.items()
+            if not issubclass(cls, ContrastiveMethod))
 
 
 # ---------------------------------------------------------------------- NumPy closed forms
@@ -355,7 +358,7 @@ def test_simsiam_without_its_predictor_collapses_and_the_monitor_names_it(caplog
 
     from caco_tf import build, data
     from caco_tf.training import callbacks
-    from caco_tf.training.config import load_config
+    from caco_tf.config import load_config
 
     images = data.load_offline_mnist()["train"][0][:512]
     warned = {}

@@ -10,7 +10,7 @@ from caco_tf import bank as bank_lib
 from caco_tf import losses
 from caco_tf.nets import backbones
 from caco_tf.nets.layers import BatchNormalization
-from caco_tf.methods import CaCo
+from caco_tf.methods.caco import CaCo
 
 BATCH, BANK, SIZE = 8, 32, 12
 

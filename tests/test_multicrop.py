@@ -9,7 +9,7 @@ import tensorflow as tf
 from caco_tf import bank as bank_lib
 from caco_tf import losses
 from caco_tf.nets import backbones
-from caco_tf.methods import CaCo
+from caco_tf.methods.caco import CaCo
 
 BATCH, BANK = 8, 32
 

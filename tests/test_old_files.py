@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from caco_tf import build, pretrain
-from caco_tf.training.config import load_config
+from caco_tf.config import load_config
 from caco_tf.training.run_folder import RunFolder, weight_arrays
 
 OLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "v0_2")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import caco_tf
-from caco_tf.training import config as config_lib
+from caco_tf import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = ("train", "evaluate", "figures", "export", "extract", "import_torch")

@@ -91,7 +91,7 @@ def test_a_stopped_image_folder_run_resumes_bit_for_bit_without_rereading(tmp_pa
 
     from caco_tf import pretrain
     from caco_tf.training import callbacks, interrupts, precision
-    from caco_tf.training.config import load_config
+    from caco_tf.config import load_config
     from caco_tf.training.run_folder import RunFolder, weight_arrays
 
     folder, bad = _folder(tmp_path / "images")

@@ -188,10 +188,10 @@ def test_a_resume_that_cannot_continue_names_the_versions(model, tmp_path):
     import keras
 
     from caco_tf import __version__
-    from caco_tf.methods import CaCo
+    from caco_tf.methods.caco import CaCo
     from caco_tf.nets import backbones
     from caco_tf.training import callbacks
-    from caco_tf.training.config import ConfigError
+    from caco_tf.config import ConfigError
 
     folder = RunFolder(str(tmp_path))
     folder.write_backup(model, 1, 0, 3)
@@ -279,7 +279,7 @@ def test_a_damaged_history_is_moved_aside_and_the_run_goes_on(tmp_path, caplog):
 ])
 def test_a_damaged_config_yaml_of_a_run_to_resume_is_one_line(model, tmp_path, text, reason):
     from caco_tf import pretrain
-    from caco_tf.training.config import ConfigError, load_config
+    from caco_tf.config import ConfigError, load_config
 
     folder = RunFolder(str(tmp_path))
     folder.write_backup(model, 1, 0, 3)
@@ -317,7 +317,7 @@ def test_a_resume_that_changes_what_is_trained_is_refused_naming_the_setting(
         tmp_path, assignment, change):
     """Even with train.on_schedule_change=rescale: a CaCo checkpoint does not become SimCLR."""
     from caco_tf import pretrain
-    from caco_tf.training.config import ConfigError, load_config
+    from caco_tf.config import ConfigError, load_config
 
     config = load_config("mnist", [assignment, "train.on_schedule_change=rescale"])
     point = run_folder.ResumePoint(3, 0, "w", 250, {}, 750, "0.3.0")

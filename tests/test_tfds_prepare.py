@@ -17,7 +17,7 @@ from PIL import Image
 from caco_tf import build, data
 from caco_tf.data import augment
 from caco_tf.data.sources import unreachable_reason
-from caco_tf.training.config import load_config
+from caco_tf.config import load_config
 import launch
 
 

@@ -22,7 +22,7 @@ from caco_tf import build
 from caco_tf.serving import torch_import
 from caco_tf.training import callbacks
 from caco_tf.training.run_folder import RunFolder
-from caco_tf.training.config import load_config
+from caco_tf.config import load_config
 from caco_tf.serving.torch_import import CheckpointError
 
 

@@ -225,7 +225,7 @@ def test_the_shipped_configuration_for_own_images(tmp_path):
     views, logs the health and speed figures, and scores val/ by kNN; its warm-up lasts
     method.caco.warmup_min_steps however few steps an epoch has."""
     from caco_tf import build
-    from caco_tf.training import config as config_lib
+    from caco_tf import config as config_lib
 
     shipped = os.path.join(ROOT, "configs", "folder_resnet18.yaml")
     settings = config_lib.load_config(shipped)

@@ -9,9 +9,9 @@ from PIL import Image
 
 from caco_tf import build, data
 from caco_tf.data import augment
-from caco_tf.methods import CaCo
+from caco_tf.methods.caco import CaCo
 from caco_tf.nets import backbones
-from caco_tf.training.config import ConfigError, load_config
+from caco_tf.config import ConfigError, load_config
 
 BATCH = 4
 

@@ -11,7 +11,7 @@ import keras
 import yaml
 
 from caco_tf import build
-from caco_tf.training.config import load_config
+from caco_tf.config import load_config
 from caco_tf.training.run_folder import RunFolder
 
 OVERRIDES = ["data.source=tfds:mnist", "model.projector_hidden=32", "model.embedding_dim=16",

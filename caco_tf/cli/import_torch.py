@@ -54,7 +54,7 @@ def import_checkpoint(args):
     from caco_tf.build import build_model
     from caco_tf.errors import ConfigError
     from caco_tf.serving import torch_import
-    from caco_tf.training.config import load_config
+    from caco_tf.config import load_config
     from caco_tf.training.run_folder import RunFolder
 
     folder = RunFolder(args.out)

@@ -40,7 +40,7 @@ from caco_tf.data import augment, pipeline
 from caco_tf.data.images import resize_and_center_crop, to_unit_float
 from caco_tf.data.pipeline import LAST_EPOCH, _decoder, map_naming_failures
 from caco_tf.data.sources import DataError, FileSource
-from caco_tf.training.config import is_service_address
+from caco_tf.settings import is_service_address
 
 # The trainer takes a batch as lost (its worker stopped) once it has waited GRACE seconds with
 # more than AHEAD later batches in hand: a worker that starts slowly (it builds the pipeline

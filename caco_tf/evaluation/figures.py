@@ -29,7 +29,7 @@ from matplotlib.ticker import MaxNLocator
 
 from caco_tf import losses
 from caco_tf.build import load_run, method_settings
-from caco_tf.methods import CaCo
+from caco_tf.methods.caco import CaCo
 from caco_tf.evaluation import knn, linear, protocols
 from caco_tf.errors import DataError
 from caco_tf.training import run_folder

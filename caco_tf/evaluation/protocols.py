@@ -21,7 +21,7 @@ from caco_tf.data.sources import HELD_OUT_SOURCES
 from caco_tf.build import build_model, build_views, load_data, load_run
 from caco_tf.evaluation import knn as knn_lib
 from caco_tf.evaluation import linear
-from caco_tf.training.config import DEFAULTS, RULES, ConfigError
+from caco_tf.config import DEFAULTS, RULES, ConfigError
 from caco_tf.training.run_folder import RunFolder
 
 # train, test: labelled caco_tf.data sources.

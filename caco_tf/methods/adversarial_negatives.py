@@ -2,6 +2,7 @@
 
 import keras
 
+from caco_tf.methods.caco import CaCo
 from caco_tf.methods.contrastive import ContrastiveMethod
 
 
@@ -12,9 +13,10 @@ class AdversarialNegatives(ContrastiveMethod):
     temperature: CaCo's ablation row reads CaCo's settings)."""
 
     method = "negative"
-    SETTINGS_OF = "caco"
+    SETTINGS, SETTINGS_OF = CaCo.SETTINGS, "caco"  # CaCo's ablation row: its section
     BANK = True
     LEARNS_BANK = True
+    DOCS_ROW = {"state": "bank (adversarial negatives)", "global batch": "the bank's gradient"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._moco_loss(query1, query2, key1, key2, bank)

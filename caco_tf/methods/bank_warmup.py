@@ -68,7 +68,7 @@ def warmup_settings(epochs=0, own_bank=True, own_keys=True):
     """The warm-up's settings, for the ``SETTINGS`` of a method that offers it: its length
     (``epochs``: the method's default), loss temperature and resync; and, for a method without
     a bank or a key encoder of its own, the warm-up's bank size and key momentum."""
-    from caco_tf.training.config import Setting, boolean, integer, number
+    from caco_tf.settings import Setting, boolean, integer, number
 
     settings = {
         "warmup_epochs": Setting(
@@ -84,7 +84,8 @@ def warmup_settings(epochs=0, own_bank=True, own_keys=True):
     }
     if not own_bank:
         settings["warmup_bank_size"] = Setting(
-            65536, integer(1), "K, the rows of the bank the warm-up fills (the method has none)")
+            65536, integer(1), "K, the rows of the bank the warm-up fills (the method has none)",
+            trained=True, tiny=32)
     if not own_keys:
         settings["warmup_key_momentum"] = Setting(
             0.99, number(0.0, 1.0), "the warm-up key encoder's EMA momentum at the start (it "

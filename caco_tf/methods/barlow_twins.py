@@ -6,7 +6,7 @@ from caco_tf import losses
 from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.training import distribute
-from caco_tf.training.config import Setting, number
+from caco_tf.settings import Setting, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -24,9 +24,10 @@ class BarlowTwins(Method):
     SETTINGS = {
         "redundancy_weight": Setting(
             0.0051, number(0.0), "lambda, the weight of the off-diagonal terms (about 40 / D "
-            "for a D-dimensional projection)"),
+            "for a D-dimensional projection)", tiny=0.05),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
+    DOCS_ROW = {"state": "–", "global batch": "standardization, cross-correlation"}
     PROJECTOR = dict(layers_count=3)
 
     def forward(self, crops, training):

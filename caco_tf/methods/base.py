@@ -27,7 +27,7 @@ A method declares its parts; the base builds and trains them:
   own outputs without gradient) or None;
 - its state, built in ``build_state``: a bank (``MemoryBank``), a queue or a center;
 - its settings, ``SETTINGS``: the section ``method.<name>`` of a run's configuration, each
-  setting the constructor argument of its name (``caco_tf.training.config.Setting``).
+  setting the constructor argument of its name (``caco_tf.config.Setting``).
 
 The bank warm-up (``bank_warmup.BankWarmup``) is its own switch (``warmup_steps``).  A run's
 steps are phases (``phases``): the warm-up, then the method's, split where a frozen head thaws.
@@ -92,11 +92,16 @@ class Method(keras.Model):
     PROJECTOR = {}                 # the projector's shape (nets.backbones.build_mlp; CaCo's)
     MULTI_CROP = False             # takes local crops besides the two global ones
     EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
-    FORWARD_BY_RESOLUTION = False  # crops of one size pass the backbone together (SwAV, DINO)
     DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
     views_on_device = None  # augment.ColourOnDevice: the views' colour work, in the step
     COLLAPSE_ADVICE = ("lower the learning rate (train.learning_rate) or lengthen its warm-up "
                        "(train.lr_warmup_epochs)")
+    DIVERGENCE_ADVICE = ("lower the learning rate (train.learning_rate) or use train.precision "
+                         "float32")     # what to change when its loss becomes NaN or infinite
+    TEACHER_NAME = "teacher"       # the momentum teacher's name in ``summary``
+    # docs/methods.md's row, beside what the attributes above say: the state it keeps and the
+    # quantities it reduces over the global batch (``caco_tf.methods.describe``).
+    DOCS_ROW = {"state": "–", "global batch": "–"}
 
     def __init__(self, backbone, projector, warmup_steps=0, online_probe_classes=None,
                  multi_crop=False, sync_batchnorm=False, preprocessing=None, run_settings=None,
@@ -164,13 +169,17 @@ class Method(keras.Model):
     # ------------------------------------------------------------------ what a method declares
     @classmethod
     def argument_defaults(cls):
-        """{constructor argument: default} of the method's own settings (``SETTINGS``, or those
-        of ``SETTINGS_OF``); a setting counted in epochs is an argument in steps (default 0)."""
-        from caco_tf.methods import model_class  # the registry, for SETTINGS_OF
-
-        settings = model_class(cls.SETTINGS_OF).SETTINGS if cls.SETTINGS_OF else cls.SETTINGS
+        """{constructor argument: default} of the method's settings (``SETTINGS``); a setting
+        counted in epochs is an argument in steps (default 0)."""
         return {setting.argument or key: 0 if setting.in_steps else setting.default
-                for key, setting in settings.items() if setting.passed}
+                for key, setting in cls.SETTINGS.items() if setting.passed}
+
+    @classmethod
+    def check_batch(cls, settings, replica_batch, embedding_dim):
+        """Why the method cannot train on a replica's batch of ``replica_batch`` images with
+        ``embedding_dim``-dimensional projections (one line naming the setting to change), or
+        None; ``settings``: its section of the run's configuration.  Asked before anything is
+        built (``caco_tf.build.check_sizes``)."""
 
     def build_heads(self):
         """Build the student's heads (``HEADS``)."""
@@ -427,11 +436,7 @@ class Method(keras.Model):
             return
         super().load_own_variables(store)
 
-    # Keras' fit builds a model symbolically on a data batch before the first step.  Every
-    # variable here exists from __init__/compile, so there is nothing to build; and the build
-    # converts the distributed batch eagerly, which under MultiWorkerMirroredStrategy fails
-    # ("Attempt to convert a value (PerReplica...) with an unsupported type to a Tensor",
-    # keras-team/keras#20585): tests/test_distributed.py's multi-worker tests fail without this.
+    # Skips fit's symbolic build, a Keras hook: why in keras_compat.OVERRIDDEN_HOOKS.
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         return
 

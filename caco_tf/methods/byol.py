@@ -7,7 +7,7 @@ from caco_tf import losses
 from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.nets.backbones import build_mlp
-from caco_tf.training.config import Setting, integer, number
+from caco_tf.settings import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -26,8 +26,9 @@ class BYOL(Method):
     SETTINGS = {
         "key_momentum": Setting(
             0.996, number(0.0, 1.0), "the target network's EMA momentum at the start (it rises "
-            "to 1 on a cosine)", schedule="cosine to 1"),
-        "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width"),
+            "to 1 on a cosine)", schedule="cosine to 1", tiny=0.9),
+        "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width",
+                                    trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False),
     }
     TEACHER = "momentum"

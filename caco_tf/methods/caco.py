@@ -28,7 +28,7 @@ from caco_tf import health, losses
 from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.base import Objective
 from caco_tf.methods.contrastive import ContrastiveMethod
-from caco_tf.training.config import Setting, integer, number
+from caco_tf.settings import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -45,22 +45,25 @@ class CaCo(ContrastiveMethod):
     method = "caco"
     SETTINGS = {
         "bank_size": Setting(
-            65536, integer(1), "K, the bank's rows (positives and negatives share them)"),
-        "temperature": Setting(0.08, number(0.0, low_open=True), "tau of the encoder's loss"),
+            65536, integer(1), "K, the bank's rows (positives and negatives share them)",
+            trained=True, tiny=32),
+        "temperature": Setting(0.08, number(0.0, low_open=True), "tau of the encoder's loss",
+                               tiny=0.1),
         "bank_temperature": Setting(
-            0.08, number(0.0, low_open=True), "tau of the bank's update"),
+            0.08, number(0.0, low_open=True), "tau of the bank's update", tiny=0.2),
         "bank_lr": Setting(3.0, number(0.0), "the bank's learning rate (cosine-decayed)",
-                           schedule="cosine to 0", argument="bank_learning_rate"),
+                           schedule="cosine to 0", argument="bank_learning_rate", tiny=0.5),
         "bank_momentum": Setting(
             0.9, number(0.0, 1.0, high_open=True), "the SGD momentum of the bank's update"),
         "key_momentum": Setting(
             0.99, number(0.0, 1.0), "the key encoder's EMA momentum at the start (it rises to "
-            "1 on a cosine)", schedule="cosine to 1"),
+            "1 on a cosine)", schedule="cosine to 1", tiny=0.9),
         **warmup_settings(epochs=1),
     }
     BANK = True
     LEARNS_BANK = True
     MULTI_CROP = True
+    DOCS_ROW = {"state": "bank (trained)", "global batch": "the bank's gradient"}
     EXACT_GRADIENT = True
     COLLAPSE_ADVICE = ("lengthen the warm-up (method.caco.warmup_epochs, "
                        "method.caco.warmup_min_steps) so that the key encoder follows before the "

@@ -9,7 +9,7 @@ from caco_tf import losses
 from caco_tf.methods.base import Method
 from caco_tf.methods.state import RunningMean
 from caco_tf.nets.layers import NormalizedDense
-from caco_tf.training.config import Setting, boolean, integer, number
+from caco_tf.settings import Setting, boolean, integer, number
 from caco_tf.training.optimizers import as_schedule
 
 
@@ -32,16 +32,16 @@ class DINO(Method):
 
     method = "dino"
     SETTINGS = {
-        "out_dim": Setting(65536, integer(1), "K, the head's outputs"),
+        "out_dim": Setting(65536, integer(1), "K, the head's outputs", trained=True, tiny=32),
         "student_temperature": Setting(0.1, number(0.0, low_open=True), "tau of the student"),
         "teacher_temperature": Setting(
             0.04, number(0.0, low_open=True), "tau of the teacher (above ~0.07 training is "
-            "unstable: its output goes uniform)", schedule="constant"),
+            "unstable: its output goes uniform)", schedule="constant", tiny=0.05),
         "center_momentum": Setting(
             0.9, number(0.0, 1.0, high_open=True), "the center's EMA momentum"),
         "key_momentum": Setting(
             0.996, number(0.0, 1.0), "the teacher's EMA momentum at the start (it rises to 1 "
-            "on a cosine)", schedule="cosine to 1"),
+            "on a cosine)", schedule="cosine to 1", tiny=0.9),
         "freeze_last_layer_epochs": Setting(
             1.0, number(0.0), "epochs the last layer stays as initialized",
             in_steps="freeze_last_layer_steps"),
@@ -52,7 +52,7 @@ class DINO(Method):
     TEACHER = "momentum"
     HEADS = TEACHER_HEADS = ("last_layer",)
     MULTI_CROP = True
-    FORWARD_BY_RESOLUTION = True
+    DOCS_ROW = {"state": "center", "global batch": "the center"}
     PROJECTOR = dict(layers_count=3, bias=True, hidden_batchnorm=False, activation="gelu")
     DIAGNOSTICS = ("teacher_entropy",)
     COLLAPSE_ADVICE = ("lower method.dino.teacher_temperature (0.04; above ~0.07 the teacher "

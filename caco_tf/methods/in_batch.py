@@ -2,6 +2,7 @@
 
 import keras
 
+from caco_tf.methods.caco import CaCo
 from caco_tf.methods.contrastive import ContrastiveMethod
 
 
@@ -12,7 +13,8 @@ class InBatch(ContrastiveMethod):
     ablation row: it reads CaCo's settings."""
 
     method = "none"
-    SETTINGS_OF = "caco"
+    SETTINGS, SETTINGS_OF = CaCo.SETTINGS, "caco"  # CaCo's ablation row: its section
+    DOCS_ROW = {"state": "–", "global batch": "the batch's keys"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._batch_loss(query1, key2, key2) + self._batch_loss(query2, key1, key1)

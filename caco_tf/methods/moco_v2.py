@@ -4,7 +4,7 @@ import keras
 
 from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.contrastive import ContrastiveMethod
-from caco_tf.training.config import Setting, integer, number
+from caco_tf.settings import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -19,13 +19,15 @@ class MoCoV2(ContrastiveMethod):
 
     method = "moco_v2"
     SETTINGS = {
-        "bank_size": Setting(65536, integer(1), "K, the queue's rows (the negatives)"),
-        "temperature": Setting(0.2, number(0.0, low_open=True), "tau of the loss"),
+        "bank_size": Setting(65536, integer(1), "K, the queue's rows (the negatives)",
+                             trained=True, tiny=32),
+        "temperature": Setting(0.2, number(0.0, low_open=True), "tau of the loss", tiny=0.1),
         "key_momentum": Setting(0.999, number(0.0, 1.0), "the key encoder's EMA momentum",
-                                schedule="constant"),
+                                schedule="constant", tiny=0.9),
         **warmup_settings(epochs=0),
     }
     BANK = True
+    DOCS_ROW = {"state": "queue of keys", "global batch": "–"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._moco_loss(query1, query2, key1, key2, bank)

@@ -8,7 +8,7 @@ from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.nets.backbones import build_mlp
 from caco_tf.training import distribute
-from caco_tf.training.config import Setting, integer, number
+from caco_tf.settings import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -27,15 +27,17 @@ class MoCoV3(Method):
 
     method = "moco_v3"
     SETTINGS = {
-        "temperature": Setting(1.0, number(0.0, low_open=True), "tau of the loss"),
+        "temperature": Setting(1.0, number(0.0, low_open=True), "tau of the loss", tiny=0.5),
         "key_momentum": Setting(
             0.99, number(0.0, 1.0), "the momentum encoder's EMA momentum at the start (it "
-            "rises to 1 on a cosine)", schedule="cosine to 1"),
-        "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width"),
+            "rises to 1 on a cosine)", schedule="cosine to 1", tiny=0.9),
+        "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width",
+                                    trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False),
     }
     TEACHER = "momentum"
     HEADS = ("predictor",)
+    DOCS_ROW = {"state": "–", "global batch": "the keys"}
     PROJECTOR = dict(layers_count=2, last_batchnorm="plain")
 
     def build_heads(self):

@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
+from caco_tf.methods.caco import CaCo
 from caco_tf.methods.contrastive import ContrastiveMethod
 
 
@@ -14,8 +15,9 @@ class NearestNeighbourPositive(ContrastiveMethod):
     ablation row: it reads CaCo's settings."""
 
     method = "positive"
-    SETTINGS_OF = "caco"
+    SETTINGS, SETTINGS_OF = CaCo.SETTINGS, "caco"  # CaCo's ablation row: its section
     BANK = True
+    DOCS_ROW = {"state": "queue of keys", "global batch": "the batch's keys"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         queue = losses.l2_normalize(bank)

@@ -9,7 +9,7 @@ from caco_tf.methods.base import Method
 from caco_tf.methods.state import Queue
 from caco_tf.nets.backbones import build_mlp
 from caco_tf.training import distribute
-from caco_tf.training.config import Setting, integer, number
+from caco_tf.settings import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -29,11 +29,14 @@ class NNCLR(Method):
     method = "nnclr"
     SETTINGS = {
         "temperature": Setting(0.1, number(0.0, low_open=True), "tau of the loss"),
-        "queue_size": Setting(98304, integer(1), "the support set's rows"),
-        "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width"),
+        "queue_size": Setting(98304, integer(1), "the support set's rows", trained=True,
+                              tiny=32),
+        "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width",
+                                    trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     HEADS = ("predictor",)
+    DOCS_ROW = {"state": "support set", "global batch": "the predictions, the queue's writes"}
     PROJECTOR = dict(layers_count=3, last_batchnorm="affine")
 
     def build_heads(self):

@@ -7,7 +7,7 @@ from caco_tf import losses
 from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.contrastive import ContrastiveMethod
 from caco_tf.training import distribute
-from caco_tf.training.config import Setting, number
+from caco_tf.settings import Setting, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -25,6 +25,7 @@ class SimCLR(ContrastiveMethod):
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     TEACHER = None
+    DOCS_ROW = {"state": "–", "global batch": "NT-Xent's negatives"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         embeddings = tf.concat([query1, query2], axis=0)

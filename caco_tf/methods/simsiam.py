@@ -7,7 +7,7 @@ from caco_tf import losses
 from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.nets.backbones import build_mlp
-from caco_tf.training.config import Setting, boolean, integer
+from caco_tf.settings import Setting, boolean, integer
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -25,8 +25,10 @@ class SimSiam(Method):
 
     method = "simsiam"
     SETTINGS = {
-        "predictor_hidden": Setting(512, integer(1), "the predictor's bottleneck width"),
-        "predictor": Setting(True, boolean(), "the predictor (without it SimSiam collapses)"),
+        "predictor_hidden": Setting(512, integer(1), "the predictor's bottleneck width",
+                                    trained=True, tiny=16),
+        "predictor": Setting(True, boolean(), "the predictor (without it SimSiam collapses)",
+                             trained=True),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     TEACHER = "student"

@@ -20,7 +20,7 @@ def parts_table(model):
                      *_sizes(head)))
     if model.key_encoder is not None:
         heads = "".join(f" + {name}" for name in model.TEACHER_HEADS)
-        rows.append(("key encoder" if hasattr(model, "BANK") else "teacher",
+        rows.append((model.TEACHER_NAME,
                      f"EMA copy of backbone + projector{heads} (not trained)", 0,
                      _count(model.key_encoder.weights)))
     for layer in _state_layers(model):

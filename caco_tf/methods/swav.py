@@ -9,7 +9,7 @@ from caco_tf import losses
 from caco_tf.methods.base import Method
 from caco_tf.methods.state import Queue
 from caco_tf.training import distribute
-from caco_tf.training.config import Setting, integer, number
+from caco_tf.settings import Setting, integer, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -28,14 +28,14 @@ class SwAV(Method):
 
     method = "swav"
     SETTINGS = {
-        "num_prototypes": Setting(3000, integer(1), "K, the prototypes"),
+        "num_prototypes": Setting(3000, integer(1), "K, the prototypes", trained=True, tiny=10),
         "temperature": Setting(0.1, number(0.0, low_open=True), "tau of the prediction"),
         "epsilon": Setting(0.05, number(0.0, low_open=True),
                            "Sinkhorn's entropy weight (lower it, e.g. 0.03, if the loss stalls "
                            "at ln K)"),
         "sinkhorn_iterations": Setting(3, integer(1), "Sinkhorn-Knopp's iterations"),
         "queue_size": Setting(0, integer(0), "rows of the queue of past embeddings kept for each "
-                              "global crop (0: none; 3,840 at batch 256)"),
+                              "global crop (0: none; 3,840 at batch 256)", trained=True),
         "queue_start_epoch": Setting(15.0, number(0.0), "the epoch the queue starts filling",
                                      in_steps="queue_start_step"),
         "freeze_prototypes_epochs": Setting(
@@ -45,7 +45,7 @@ class SwAV(Method):
     TEACHER = "student"
     HEADS = ("prototypes",)
     MULTI_CROP = True
-    FORWARD_BY_RESOLUTION = True
+    DOCS_ROW = {"state": "queues (optional)", "global batch": "Sinkhorn's sums"}
     PROJECTOR = dict(layers_count=2, bias=True)
     COLLAPSE_ADVICE = ("lower method.swav.epsilon (0.03), freeze the prototypes longer "
                        "(method.swav.freeze_prototypes_epochs), start the queue later or shorten "

@@ -6,7 +6,7 @@ from caco_tf import losses
 from caco_tf.methods.bank_warmup import warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.training import distribute
-from caco_tf.training.config import Setting, number
+from caco_tf.settings import Setting, number
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -28,6 +28,7 @@ class VICReg(Method):
         "covariance_weight": Setting(1.0, number(0.0), "nu, the covariance term's weight"),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
+    DOCS_ROW = {"state": "–", "global batch": "variance, covariance"}
     PROJECTOR = dict(layers_count=3)
 
     def forward(self, crops, training):

