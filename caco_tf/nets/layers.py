@@ -13,6 +13,8 @@ Masks, renorm, 2-D inputs and other backends take keras' own path.  Synchronized
 import keras
 import tensorflow as tf
 
+from caco_tf import keras_compat
+
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class BatchNormalization(keras.layers.BatchNormalization):
@@ -25,10 +27,10 @@ class BatchNormalization(keras.layers.BatchNormalization):
                 and keras.backend.backend() == "tensorflow"
                 and len(inputs.shape) == 4 and axis in (-1, 3))
 
-    def _moments(self, inputs, mask):
+    def _moments(self, inputs, mask):  # a Keras hook (keras_compat.OVERRIDDEN_HOOKS)
         if not self.synchronized or mask is not None:
-            return super()._moments(inputs, mask)
-        return synchronized_moments(inputs, self._reduction_axes)
+            return keras_compat.batch_norm_moments(self, inputs, mask)
+        return synchronized_moments(inputs, keras_compat.batch_norm_reduction_axes(self))
 
     def call(self, inputs, training=None, mask=None):
         if not self._can_fuse(inputs, training, mask):
@@ -88,7 +90,7 @@ def recalibrate_batchnorm(model, batches):
 
     ``batches``: normalized images ``[B, H, W, C]``, or ``(images, labels)`` pairs.
     """
-    norms = [layer for layer in model._flatten_layers(include_self=False)
+    norms = [layer for layer in keras_compat.nested_layers(model)
              if isinstance(layer, keras.layers.BatchNormalization)]
     momenta = [layer.momentum for layer in norms]
     seen = 0

@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
 
-from caco_tf import __version__, health
+from caco_tf import __version__, health, keras_compat
 from caco_tf.nets import layers
 from caco_tf.training import peers
-from caco_tf.training.config import ConfigError
+from caco_tf.errors import ConfigError
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, link_atomically, read_history,
                                          save_weights_atomically, write_json_atomically)
@@ -128,7 +128,7 @@ class Resume(keras.callbacks.Callback):
                     f"cannot resume from {self.folder.backup}: it holds a model of another "
                     f"shape{changed}. Re-run with the settings it was trained with, or pass "
                     f"another --run-dir") from error
-            self.model._initial_epoch = point.epoch
+            keras_compat.set_initial_epoch(self.model, point.epoch)
             if point.step:
                 self._metrics = point.metrics
                 self._pass_over(point.step)

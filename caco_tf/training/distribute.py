@@ -12,6 +12,7 @@ import os
 import keras
 import tensorflow as tf
 
+from caco_tf import keras_compat
 from caco_tf.errors import DataError
 
 
@@ -33,8 +34,7 @@ def assign_in_sync(variables, values):
                 variable, lambda var, val: var.assign(tf.cast(val, var.dtype)),
                 args=(value,), group=False)
 
-    tf.__internal__.distribute.interim.maybe_merge_call(
-        update, tf.distribute.get_strategy(), variables, list(values))
+    keras_compat.maybe_merge_call(update, tf.distribute.get_strategy(), variables, list(values))
 
 
 def num_replicas():
@@ -98,7 +98,7 @@ def make_strategy(name="auto", collective_timeout=None):
     ``tf.errors.DeadlineExceededError``, so that no worker waits forever for a stuck peer.
     The global batch stays what the config says; each replica gets its share.
     """
-    from caco_tf.training.config import ConfigError
+    from caco_tf.errors import ConfigError
 
     # Physical devices only until the strategy exists: listing logical devices starts the
     # runtime, after which a multi-worker strategy can no longer be configured.
@@ -122,7 +122,7 @@ def make_strategy(name="auto", collective_timeout=None):
 def is_multi_worker(strategy=None):
     strategy = strategy or tf.distribute.get_strategy()
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
-        strategy.extended._in_multi_worker_mode())  # noqa: SLF001 (no public accessor)
+        keras_compat.in_multi_worker_mode(strategy))
 
 
 def num_workers(strategy=None):

@@ -22,6 +22,8 @@ import math
 import keras
 from keras import ops
 
+from caco_tf import keras_compat
+
 __all__ = [
     "LARS",
     "WarmupCosine",
@@ -144,13 +146,13 @@ class LARS(keras.optimizers.Optimizer):
         dtype = variable.dtype
         learning_rate = ops.cast(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
-        mu = self.momentums[self._get_variable_index(variable)]
+        mu = self.momentums[keras_compat.optimizer_variable_index(self, variable)]
 
         # Ranks are static, so these branches are resolved at trace time.
         is_matrix = len(variable.shape) > 1
         use_decay = (
             self.coupled_weight_decay > 0.0
-            and self._use_weight_decay(variable)
+            and keras_compat.uses_weight_decay(self, variable)
             and (is_matrix or not self.layer_adaptation)
         )
         if use_decay:
@@ -331,7 +333,7 @@ class Ramp(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def schedule(value, shape, steps_per_epoch, total_steps):
-    """A per-step setting's value (``caco_tf.training.config.Setting``'s ``schedule``) as a
+    """A per-step setting's value (``caco_tf.config.Setting``'s ``schedule``) as a
     schedule of the step: a number is the start of ``shape`` ("constant", "cosine to 0": a
     ``WarmupCosine`` over the run, "cosine to 1": a ``CosineMomentum``); a mapping ``{start,
     end, epochs, shape}`` is a ``Ramp`` over its epochs (the whole run when absent)."""

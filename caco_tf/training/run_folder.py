@@ -501,13 +501,10 @@ def weights_bytes(model):
     """
     import io
 
-    from keras.src.saving import saving_lib  # what save_weights runs, on a path
+    from caco_tf import keras_compat  # Keras only when weights are written
 
     buffer = io.BytesIO()
-    store = saving_lib.H5IOStore(buffer, mode="w")
-    saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
-                           visited_saveables=set())
-    store.close()
+    keras_compat.write_weights_file(model, buffer)
     return buffer.getvalue()
 
 

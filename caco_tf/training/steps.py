@@ -25,6 +25,7 @@ import time
 
 import tensorflow as tf
 
+from caco_tf import keras_compat
 from caco_tf import tracing  # noqa: F401  (autograph leaves caco_tf alone)
 
 
@@ -44,7 +45,7 @@ class TrainFunction:
         self.starts = [int(first) for first, _, _ in phases]
         self.on_enter = [on_enter for _, _, on_enter in phases]
         # Keras' one-step functions: the step under the strategy, its outputs reduced.
-        self.one_step = [model._make_function(step) for _, step, _ in phases]
+        self.one_step = [keras_compat.one_step_function(model, step) for _, step, _ in phases]
         self.loops = [_compiled_loop(step) for step in self.one_step]
         self.current = None  # the phase the last step ran in
         self.steps_per_epoch = None  # set by ``fit`` when it knows it
