@@ -1,6 +1,6 @@
-"""The errors a user can fix.  Every command turns one into a single ``error: ...`` line and
-exit status 2 (``caco_tf.cli``); the message says what was wrong, the value, and what is
-allowed."""
+"""The errors a user can fix.  Every command turns one into a single ``error: ...`` line
+(``caco_tf.cli``): exit status 2 for a mistake, 74 for a write that failed, 75 for a lost peer;
+the message says what was wrong, the value, and what is allowed or what to do."""
 
 
 class UserError(ValueError):

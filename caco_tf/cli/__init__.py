@@ -9,11 +9,13 @@ console script         module           also runs as
 ``caco-export``        ``export``       ``python export/export_saved_model.py``
 ``caco-extract``       ``extract``      ``python export/extract_features.py``
 ``caco-import-torch``  ``import_torch``  ``python export/import_torch.py``
+``caco-data-service``  ``data_service``  ``python -m caco_tf.cli.data_service``
 =====================  ===============  ================================================
 
 Every command calls ``start`` before anything imports TensorFlow, so it starts quietly
 (``--verbose`` shows TensorFlow's start-up lines), runs its work through ``guard``, which
-turns a ``caco_tf.errors.UserError`` into one ``error: ...`` line and exit status 2, and runs
+turns a ``caco_tf.errors.UserError`` into one ``error: ...`` line and exit status 2 (74 for a
+failed write, 75 for a lost peer), and runs
 as ``exit_after(main)`` (its module's ``console``), which ends the process as soon as it is done.
 """
 

@@ -24,7 +24,7 @@ def parse_args(argv):
     parser.add_argument("--list-configs", action="store_true",
                         help="print the shipped configurations, one line each, and exit")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key, e.g. --set method.bank_lr=0.3")
+                        help="override one config key, e.g. --set method.caco.bank_lr=0.3")
     parser.add_argument("--run-dir", help="run folder (default: runs/<config name>)")
     parser.add_argument("--strategy", choices=("auto", "default", "mirrored", "multiworker"),
                         help="tf.distribute strategy (default: the config's distribute.strategy, "
@@ -35,7 +35,7 @@ def parse_args(argv):
 
 
 def list_configs():
-    from caco_tf.training.config import describe_config, shipped_configs
+    from caco_tf.config import describe_config, shipped_configs
 
     shipped = shipped_configs()
     width = max(map(len, shipped), default=0)
@@ -54,7 +54,7 @@ def main(argv=None):
                               "history.json and tensorboard/")
 
     def work():
-        from caco_tf.training.config import load_config
+        from caco_tf.config import load_config
 
         assignments = list(args.set)
         if args.strategy:
