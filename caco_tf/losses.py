@@ -260,3 +260,26 @@ def vicreg_loss(z1, z2, invariance_weight, variance_weight, covariance_weight,
                        - tf.reduce_sum(tf.square(tf.linalg.diag_part(cov)))) / dim
     return (invariance_weight * invariance + variance_weight * variance
             + covariance_weight * covariance)
+
+
+def whiten(z, group_size, epsilon=0.0):
+    """W-MSE's whitening of ``z`` [N, D] in consecutive groups of ``group_size`` rows (N a
+    multiple of it), each group to zero mean and identity covariance: (z - mean) L⁻ᵀ with
+    L Lᵀ = (1 - ε) Cov + ε I, Cov unbiased (htdt/self-supervised's Whitening2d)."""
+    z = tf.cast(z, tf.float32)
+    dim = tf.shape(z)[-1]
+    groups = tf.reshape(z, [-1, group_size, dim])
+    centered = groups - tf.reduce_mean(groups, axis=1, keepdims=True)
+    covariance = tf.matmul(centered, centered, transpose_a=True) / (group_size - 1.0)
+    identity = tf.broadcast_to(tf.eye(dim), tf.shape(covariance))
+    factor = tf.linalg.cholesky((1.0 - epsilon) * covariance + epsilon * identity)
+    inverse = tf.linalg.triangular_solve(factor, identity, lower=True)  # L⁻¹
+    return tf.reshape(tf.matmul(centered, inverse, transpose_b=True), tf.shape(z))
+
+
+def w_mse_loss(z1, z2, group_size, epsilon=0.0):
+    """W-MSE's loss, a scalar: the mean over rows of 2 - 2 cos(w¹, w²), w each view whitened
+    in groups of ``group_size`` (``whiten``; htdt/self-supervised's norm_mse_loss)."""
+    w1 = l2_normalize(whiten(z1, group_size, epsilon))
+    w2 = l2_normalize(whiten(z2, group_size, epsilon))
+    return tf.reduce_mean(2.0 - 2.0 * tf.reduce_sum(w1 * w2, axis=-1))

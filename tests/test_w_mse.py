@@ -1,0 +1,67 @@
+"""W-MSE (caco_tf.methods.w_mse): the whitening and the loss against closed forms in NumPy, one
+step of the method against them, and the batches it refuses in one line.  The tests every
+method takes (every part moving, 1 against 2 and 4 replicas, a SIGTERM resume, save and load)
+run it from the registry."""
+
+import numpy as np
+import pytest
+
+from caco_tf import losses
+from caco_tf.config import ConfigError, load_config
+from caco_tf.build import check_sizes
+from test_methods import fit_once, projections, unit
+from tiny_methods import tiny, views
+
+
+def np_whiten(z, group_size, epsilon=0.0):
+    """Each group's (z - mean) W with W = Cov^(-1/2) from the Cholesky factor, in float64."""
+    out = []
+    for group in z.astype(np.float64).reshape(-1, group_size, z.shape[1]):
+        centered = group - group.mean(0)
+        covariance = centered.T @ centered / (group_size - 1)
+        covariance = (1 - epsilon) * covariance + epsilon * np.eye(z.shape[1])
+        out.append(centered @ np.linalg.inv(np.linalg.cholesky(covariance)).T)
+    return np.concatenate(out)
+
+
+def np_w_mse(z1, z2, group_size, epsilon=0.0):
+    w1, w2 = unit(np_whiten(z1, group_size, epsilon)), unit(np_whiten(z2, group_size, epsilon))
+    return np.mean(2 - 2 * np.sum(w1 * w2, -1))
+
+
+def test_whitening_gives_each_group_zero_mean_and_identity_covariance():
+    z = np.random.default_rng(0).normal(size=(16, 3)).astype("float32") * [1.0, 5.0, 0.2]
+    white = losses.whiten(z, 8).numpy()
+    np.testing.assert_allclose(white, np_whiten(z, 8), rtol=1e-4, atol=1e-5)
+    for group in white.reshape(2, 8, 3):
+        np.testing.assert_allclose(group.mean(0), 0, atol=1e-5)
+        np.testing.assert_allclose(np.cov(group, rowvar=False), np.eye(3), atol=1e-4)
+    shrunk = losses.whiten(z, 4, epsilon=0.5).numpy()  # 4 rows: singular without shrinkage
+    np.testing.assert_allclose(shrunk, np_whiten(z, 4, 0.5), rtol=1e-4, atol=1e-5)
+
+
+def test_the_loss_matches_numpy():
+    rng = np.random.default_rng(1)
+    z1, z2 = (rng.normal(size=(12, 4)).astype("float32") for _ in range(2))
+    assert float(losses.w_mse_loss(z1, z2, 6)) == pytest.approx(np_w_mse(z1, z2, 6), rel=1e-5)
+    assert float(losses.w_mse_loss(z1, z1, 6)) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_a_step_takes_the_whitened_views_loss():
+    model = tiny("w_mse")
+    v1, v2 = views()  # a batch of 8: one whitening group (tiny: whitening_size 8, epsilon 0.1)
+    z1, z2 = projections(model, (v1, v2))
+    history = fit_once(model, (v1, v2))
+    assert history["loss"][0] == pytest.approx(np_w_mse(z1, z2, 8, 0.1), rel=1e-4)
+
+
+@pytest.mark.parametrize("assignments, message", [
+    (["train.batch_size=96"], "method.w_mse.whitening_size 128 must divide a replica's batch "
+                              r"\(96 images"),
+    (["method.w_mse.whitening_size=32", "train.batch_size=64"],
+     r"method.w_mse.whitening_size 32 must exceed model.embedding_dim \(256\)"),
+])
+def test_a_batch_it_cannot_whiten_is_one_line(assignments, message):
+    config = load_config(None, ["method.name=w_mse"] + assignments)
+    with pytest.raises(ConfigError, match=message):
+        check_sizes(config, num_images=4000)
