@@ -18,8 +18,9 @@ class BYOL(Method):
     projection of the other view, 2 - 2 cos(p¹, z'²) + 2 - 2 cos(p², z'¹) per image, batch
     mean (byol_experiment.py:243-250); the target is an EMA of the online backbone and
     projector, its momentum from 0.996 to 1 on a cosine (schedules.py:20-24, configs/byol.py:23);
-    no negatives.  Projector and predictor: Linear → BatchNorm → ReLU → Linear
-    (utils/networks.py:25-45), 4,096 wide, output 256 (configs/byol.py:40-42).
+    no negatives.  Projector and predictor: Linear → BatchNorm → ReLU → Linear, the last
+    without a bias (``with_bias=False``, utils/networks.py:44; the first's bias, cancelled by
+    the BatchNorm after it, is left out), 4,096 wide, output 256 (configs/byol.py:40-42).
     """
 
     method = "byol"
@@ -33,11 +34,11 @@ class BYOL(Method):
     }
     TEACHER = "momentum"
     HEADS = ("predictor",)
-    PROJECTOR = dict(layers_count=2, bias=True)
+    PROJECTOR = dict(layers_count=2, bias=False)
 
     def build_heads(self):
         self.predictor = build_mlp(self.embedding_dim, self.predictor_hidden,
-                                   self.embedding_dim, layers_count=2, bias=True,
+                                   self.embedding_dim, layers_count=2, bias=False,
                                    sync_batchnorm=self.sync_batchnorm, name="predictor")
 
     def forward(self, crops, training):
