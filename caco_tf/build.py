@@ -1,14 +1,17 @@
 """From a configuration to objects: the data sources, the views and the compiled model of a run,
-its checks against the data, its evaluation batches and callbacks, and a run folder's model
-rebuilt from its ``config.yaml`` and checkpoint.
+its plan (``RunPlan``: what the builders derive from the configuration, once a run) and checks
+against the data, its evaluation batches and callbacks, and a run folder's model rebuilt from
+its ``config.yaml`` and checkpoint.
 
 Both the pre-training run (``caco_tf.pretrain``) and the tools that read a finished run (the
 evaluation CLI, the figures, the export) build through here, so they build the same model.
 """
 
 import collections
+import dataclasses
 import logging
 import os
+from typing import Optional
 
 import tensorflow as tf
 
@@ -18,7 +21,7 @@ from caco_tf.methods import model_class
 from caco_tf.nets import backbones
 from caco_tf.training import callbacks, optimizers
 from caco_tf.config import (ConfigError, load_config, settings_section,
-                                     upgrade_saved_config)
+                            upgrade_saved_config)
 from caco_tf.training.run_folder import RunFolder
 
 
@@ -44,40 +47,82 @@ def method_settings(config):
     return config["method"][settings_section(config["method"]["name"])]
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What the builders take from a run's configuration beyond its plain settings, derived
+    once a run: the method and its section, the run's steps and replicas, the bank warm-up and
+    the online probe.  ``plan_run`` makes a pre-training run's, after refusing what its data
+    and replicas cannot hold; ``RunPlan.of`` one without data (``build_model``)."""
+
+    method: type                     # the class ``method.name`` names (``caco_tf.methods``)
+    section: str                     # the method's settings are ``method.<section>``
+    settings: dict                   # that section
+    declared: dict                   # its ``Setting``s by key (its class's ``SETTINGS``)
+    batch_size: int                  # over every replica
+    epochs: int
+    steps_per_epoch: int
+    replicas: int
+    warmup_steps: int                # the bank warm-up's: 0 without one
+    warmup_bank_rows: Optional[int]  # the rows the warm-up fills: None without one
+    probe_classes: Optional[int]     # the online probe's: None without the probe
+
+    @classmethod
+    def of(cls, config, steps_per_epoch, replicas=1, probe_classes=None):
+        """The plan of ``config`` at ``steps_per_epoch`` over ``replicas``; ``probe_classes``
+        counts only with ``evaluation.online_probe`` on.
+
+        The warm-up lasts ``warmup_epochs`` epochs of the method's section, and at least its
+        ``warmup_min_steps`` (the key encoder's EMA needs a few hundred steps to follow the
+        student before the resync, however few steps an epoch has); it fills the method's own
+        bank, or the warm-up's."""
+        name = config["method"]["name"]
+        section = settings_section(name)
+        settings = config["method"][section]
+        warmup = bool(settings.get("warmup_epochs"))
+        return cls(
+            method=model_class(name), section=section, settings=settings,
+            declared=model_class(section).SETTINGS,
+            batch_size=config["train"]["batch_size"], epochs=config["train"]["epochs"],
+            steps_per_epoch=steps_per_epoch, replicas=replicas,
+            warmup_steps=(max(settings["warmup_epochs"] * steps_per_epoch,
+                              settings["warmup_min_steps"]) if warmup else 0),
+            warmup_bank_rows=(settings.get("bank_size", settings.get("warmup_bank_size"))
+                              if warmup else None),
+            probe_classes=probe_classes if config["evaluation"]["online_probe"] else None)
+
+    @property
+    def total_steps(self):
+        return self.epochs * self.steps_per_epoch
+
+
+def plan_run(config, train, replicas=1):
+    """The ``RunPlan`` of pre-training on the source ``train`` over ``replicas``, after
+    refusing, in one line, what they cannot hold (``check_sizes``, ``check_image_size``,
+    ``online_probe_classes``): before anything is built."""
+    plan = RunPlan.of(config, len(train) // config["train"]["batch_size"], replicas)
+    check_sizes(plan, len(train), config["model"]["embedding_dim"])
+    check_image_size(config, train)
+    return dataclasses.replace(plan, probe_classes=online_probe_classes(config, train))
+
+
 def warmup_steps(config, steps_per_epoch):
-    """Steps of the bank warm-up: ``warmup_epochs`` epochs of the method's section, and at
-    least its ``warmup_min_steps`` when it has a warm-up (the key encoder's EMA needs a few
-    hundred steps to follow the student before the resync, however few steps an epoch has);
-    0 for a method without one."""
-    settings = method_settings(config)
-    if not settings.get("warmup_epochs"):
-        return 0
-    return max(settings["warmup_epochs"] * steps_per_epoch, settings["warmup_min_steps"])
+    """Steps of the bank warm-up at ``steps_per_epoch`` (``RunPlan.of``): 0 without one."""
+    return RunPlan.of(config, steps_per_epoch).warmup_steps
 
 
-def warmup_bank_rows(config):
-    """The rows of the bank the warm-up fills (the method's own bank, or the warm-up's), or
-    None without a warm-up."""
-    settings = method_settings(config)
-    if not settings.get("warmup_epochs"):
-        return None
-    return settings.get("bank_size", settings.get("warmup_bank_size"))
-
-
-def method_arguments(config, steps_per_epoch, total_steps):
+def method_arguments(plan):
     """The method's constructor arguments from its section: per-step settings as schedules of
     the step (``optimizers.schedule``), settings counted in epochs in steps."""
-    name = config["method"]["name"]
-    section = settings_section(name)
     arguments = {}
-    for key, setting in model_class(section).SETTINGS.items():
+    for key, setting in plan.declared.items():
         if not setting.passed:
             continue
-        value = config["method"][section][key]
+        value = plan.settings[key]
         if setting.schedule:
-            value = optimizers.schedule(value, setting.schedule, steps_per_epoch, total_steps)
+            value = optimizers.schedule(value, setting.schedule, plan.steps_per_epoch,
+                                        plan.total_steps)
         if setting.in_steps:
-            value = round(value * steps_per_epoch)
+            value = round(value * plan.steps_per_epoch)
         arguments[setting.argument or key] = value
     return arguments
 
@@ -118,20 +163,30 @@ def _named_views(config):
     raise ConfigError(f"data.views must be digits, asymmetric or multicrop, got {name!r}")
 
 
-def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
-    """The model ``method.name`` names, compiled with the paper's optimizer and schedules.
+def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None, views=None):
+    """The model ``method.name`` names, compiled with the paper's optimizer and schedules, at
+    ``steps_per_epoch`` over ``num_replicas`` (``build_planned_model``, on ``RunPlan.of``).
 
-    Build it inside the strategy's scope.  BatchNorm is synchronized over the replicas (as in
-    the reference) unless ``model.sync_batchnorm`` says otherwise.  ``num_classes``: the
-    online probe's, when ``evaluation.online_probe`` is on (without it, no probe: a rebuilt
-    model still loads a probed run's checkpoint, the probe's weights left aside).
+    Build it inside the strategy's scope.  ``num_classes``: the online probe's, when
+    ``evaluation.online_probe`` is on (without it, no probe: a rebuilt model still loads a
+    probed run's checkpoint, the probe's weights left aside).  ``views``: the run's
+    (``build_views``), else built here.
+    """
+    return build_planned_model(
+        config, RunPlan.of(config, steps_per_epoch, num_replicas, num_classes), views)
+
+
+def build_planned_model(config, plan, views=None):
+    """``build_model`` on the run's ``RunPlan`` (``plan_run``) and views (else built here).
+
+    BatchNorm is synchronized over the replicas (as in the reference) unless
+    ``model.sync_batchnorm`` says otherwise.
     """
     model_config, train = config["model"], config["train"]
     size, channels = config["data"]["image_size"], config["data"]["channels"]
     sync = model_config["sync_batchnorm"]
-    sync = num_replicas > 1 if sync is None else sync
+    sync = plan.replicas > 1 if sync is None else sync
     multi_crop = config["data"]["views"] == "multicrop"
-    method = model_class(config["method"]["name"])
     # Multi-crop feeds crops of two sizes: the backbone takes any size.
     backbone = backbones.build_backbone(
         model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
@@ -140,23 +195,23 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None):
     projector = backbones.build_mlp(
         backbone.output_shape[-1], model_config["projector_hidden"],
         model_config["embedding_dim"], sync_batchnorm=sync, name="projector",
-        **method.projector_shape(method_settings(config)))
-    total_steps = train["epochs"] * steps_per_epoch
-    model = method(
-        backbone, projector, **method_arguments(config, steps_per_epoch, total_steps),
-        warmup_steps=warmup_steps(config, steps_per_epoch),
-        online_probe_classes=num_classes if config["evaluation"]["online_probe"] else None,
-        multi_crop=multi_crop, sync_batchnorm=sync, preprocessing=preprocessing(config),
-        run_settings=config)
+        **plan.method.projector_shape(plan.settings))
+    if views is None:  # after the networks: data.extra_layers' layers draw Python's seeds too
+        views = build_views(config)
+    backbone_inputs = preprocessing(config, views)
+    jit_compile = use_xla(train["jit_compile"], plan.replicas)
+    model = plan.method(
+        backbone, projector, **method_arguments(plan), warmup_steps=plan.warmup_steps,
+        online_probe_classes=plan.probe_classes, multi_crop=multi_crop, sync_batchnorm=sync,
+        preprocessing=backbone_inputs, run_settings=config)
     if config["data"]["views_on_device"]:  # the batches' views arrive cropped, with their draws
-        model.views_on_device = build_views(config)
+        model.views_on_device = views
     model.compile(
         optimizer=optimizers.build_encoder_optimizer(
-            train["batch_size"], total_steps, train["lr_warmup_epochs"] * steps_per_epoch,
+            plan.batch_size, plan.total_steps, train["lr_warmup_epochs"] * plan.steps_per_epoch,
             optimizer=train["optimizer"], learning_rate=train["learning_rate"],
             weight_decay=train["weight_decay"], momentum=train["momentum"]),
-        jit_compile=use_xla(train["jit_compile"], num_replicas),
-        steps_per_execution=train["steps_per_execution"])
+        jit_compile=jit_compile, steps_per_execution=train["steps_per_execution"])
     return model
 
 
@@ -175,47 +230,42 @@ def use_xla(jit_compile, num_replicas):
     return jit_compile
 
 
-def preprocessing(config):
+def preprocessing(config, views):
     """How images reach the backbone (``ContrastiveMethod.preprocessing``): the size,
-    channels and normalization the views use, and evaluation's centre crop."""
-    views = build_views(config)
+    channels and normalization of ``views``, and evaluation's centre crop."""
     as_list = (lambda v: [float(x) for x in v] if isinstance(v, (tuple, list)) else float(v))
     return {"image_size": config["data"]["image_size"], "channels": config["data"]["channels"],
             "mean": as_list(views.mean), "std": as_list(views.std),
             "crop_fraction": DEFAULT_CROP_FRACTION}
 
 
-def check_sizes(config, num_images, replicas=1):
+def check_sizes(plan, num_images, embedding_dim):
     """Refuse, in one line, a batch, bank or warm-up that the data set or the replicas cannot
-    hold: before anything is built."""
-    batch, bank = config["train"]["batch_size"], warmup_bank_rows(config)
+    hold (``plan``: the run's on ``num_images`` images): before anything is built."""
+    batch, replicas, bank = plan.batch_size, plan.replicas, plan.warmup_bank_rows
     if batch > num_images:
         raise data.DataError(f"train.batch_size {batch} is larger than the data set "
                              f"({num_images} images)")
     if batch % replicas:
         raise ConfigError(f"train.batch_size {batch} must split evenly over the {replicas} "
                           f"replicas: use a multiple of {replicas}")
-    refusal = model_class(config["method"]["name"]).check_batch(
-        method_settings(config), batch // replicas, config["model"]["embedding_dim"])
+    refusal = plan.method.check_batch(plan.settings, batch // replicas, embedding_dim)
     if refusal:
         raise ConfigError(refusal)
     # One pass writes one key per image of its full batches: the bank holds distinct images
     # only if it is no larger than that (later warm-up epochs overwrite rows, FIFO).
     filled = (num_images // batch) * batch
-    section = f"method.{settings_section(config['method']['name'])}"
+    section = f"method.{plan.section}"
     if bank is not None and bank > filled:
-        key = "bank_size" if "bank_size" in method_settings(config) else "warmup_bank_size"
+        key = "bank_size" if "bank_size" in plan.settings else "warmup_bank_size"
         raise data.DataError(
             f"{section}.{key} {bank} is larger than the data set at initialization: one pass "
             f"fills {filled} rows from {num_images} images in batches of {batch}")
-    steps = num_images // batch
-    warmup = warmup_steps(config, steps)
-    if warmup >= config["train"]["epochs"] * steps:
-        settings = method_settings(config)
-        raise ConfigError(f"the warm-up ({warmup} steps: {section}.warmup_epochs "
-                          f"{settings['warmup_epochs']}, {section}.warmup_min_steps "
-                          f"{settings['warmup_min_steps']}) must end before the run's "
-                          f"{config['train']['epochs'] * steps} steps")
+    if plan.warmup_steps >= plan.total_steps:
+        raise ConfigError(f"the warm-up ({plan.warmup_steps} steps: {section}.warmup_epochs "
+                          f"{plan.settings['warmup_epochs']}, {section}.warmup_min_steps "
+                          f"{plan.settings['warmup_min_steps']}) must end before the run's "
+                          f"{plan.total_steps} steps")
 
 
 def check_image_size(config, train):
@@ -290,9 +340,10 @@ def load_run(run_dir):
     config = load_config(folder.config, saved=True)  # as written, by this version or before
     if not os.path.exists(weights):
         raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
-    model = build_model(config, steps_per_epoch=1)
+    views = build_views(config)
+    model = build_model(config, steps_per_epoch=1, views=views)
     model.load_weights(weights)
-    return Run(run_dir, config, model, build_views(config))
+    return Run(run_dir, config, model, views)
 
 
 def load_keras_file(path):

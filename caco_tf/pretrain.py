@@ -12,8 +12,8 @@ import tensorflow as tf
 import yaml
 
 from caco_tf import __version__, data
-from caco_tf.build import (build_model, build_views, check_image_size, check_sizes,
-                           health_sample, load_data, online_probe_classes, precise_bn)
+from caco_tf.build import (build_planned_model, build_views, health_sample, load_data,
+                           plan_run, precise_bn)
 from caco_tf.data import service
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
@@ -21,8 +21,7 @@ from caco_tf.training import callbacks, decisions, distribute, interrupts, peers
 from caco_tf.training.interrupts import Interrupted
 from caco_tf.training.run_folder import (RunFolder, is_write_failure, write_error,
                                          write_json_atomically)
-from caco_tf.config import (ConfigError, changed_settings, in_use,
-                                     upgrade_saved_config)
+from caco_tf.config import ConfigError, changed_settings, in_use, upgrade_saved_config
 
 
 # Settings that change the schedules of a run in progress (learning rates, warm-up, EMA
@@ -78,10 +77,10 @@ def _run(config, folder, strategy, chief, verbose, stack):
     run_dir = folder.path
     keras.utils.set_random_seed(config["train"]["seed"])
     train, held_out = load_data(config)
-    check_sizes(config, len(train), strategy.num_replicas_in_sync)
-    check_image_size(config, train)
-    probe_classes = online_probe_classes(config, train)
-    views = build_views(config)  # checks the views' shapes: before anything is written
+    plan = plan_run(config, train, strategy.num_replicas_in_sync)
+    # One views object for the input pipeline, the model and the evaluations; building it
+    # checks the views' shapes: before anything is written.
+    views = build_views(config)
     if config["data"]["service"]:  # servable, and the dispatcher answers
         service.check_servable(train, views)
         service.check_dispatcher(config["data"]["service"])
@@ -91,8 +90,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
         stack.enter_context(folder.lock())
         if created:  # a run that fails before its first save leaves no folder behind
             stack.push(_discard_on_error(folder))
-    batch = config["train"]["batch_size"]
-    steps_per_epoch = len(train) // batch
+    batch, steps_per_epoch = plan.batch_size, plan.steps_per_epoch
     backup = folder.read_backup()
     changes = changes_since_backup(folder, config) if backup else []
     check_plan(config, run_dir, backup, changes, steps_per_epoch)
@@ -117,8 +115,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
     elif chief and decided["why"]:
         print(f"precision: {decided['precision']} ({decided['why']})", flush=True)
     with _dtype_policy(decided["precision"]), strategy.scope():
-        model = build_model(config, steps_per_epoch, strategy.num_replicas_in_sync,
-                            num_classes=probe_classes)
+        model = build_planned_model(config, plan, views)
     if chief:
         check_space(folder, model)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
@@ -137,13 +134,13 @@ def _run(config, folder, strategy, chief, verbose, stack):
         dataset = data.distribute(strategy, lambda context: service.served_pretrain_dataset(
             train, batch, views, config["data"]["service"], seed=config["data"]["seed"],
             input_context=context, skipped=skipped, channels=config["data"]["channels"],
-            with_labels=probe_classes is not None, first_epoch=backup.epoch if backup else 0,
+            with_labels=plan.probe_classes is not None, first_epoch=backup.epoch if backup else 0,
             first_step=backup.step if backup else 0, steps_per_epoch=steps_per_epoch))
     else:
         dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
             train, batch, views, seed=config["data"]["seed"], input_context=context,
             skipped=skipped, image_size=config["data"]["image_size"],
-            channels=config["data"]["channels"], with_labels=probe_classes is not None,
+            channels=config["data"]["channels"], with_labels=plan.probe_classes is not None,
             first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
             steps_per_epoch=steps_per_epoch, resume_at=backup.positions if backup else None,
             position=position))

@@ -8,7 +8,7 @@ import pytest
 
 from caco_tf import losses
 from caco_tf.config import ConfigError, load_config
-from caco_tf.build import check_sizes
+from caco_tf.build import RunPlan, check_sizes
 from test_methods import fit_once, projections, unit
 from tiny_methods import tiny, views
 
@@ -63,5 +63,6 @@ def test_a_step_takes_the_whitened_views_loss():
 ])
 def test_a_batch_it_cannot_whiten_is_one_line(assignments, message):
     config = load_config(None, ["method.name=w_mse"] + assignments)
+    plan = RunPlan.of(config, steps_per_epoch=4000 // config["train"]["batch_size"])
     with pytest.raises(ConfigError, match=message):
-        check_sizes(config, num_images=4000)
+        check_sizes(plan, 4000, config["model"]["embedding_dim"])

@@ -67,12 +67,13 @@ def _with_channels(source, channels):
     return source
 
 
-def preprocessing_for(config, pixels=False):
-    """The backbone's input transform; raw pixels are only scaled to [0, 1] (no mean, std)."""
+def preprocessing_for(config, pixels=False, views=None):
+    """The backbone's input transform; raw pixels are only scaled to [0, 1] (no mean, std).
+    ``views``: the run's (``load_run``), else built from ``config``."""
     size, channels = config["data"]["image_size"], config["data"]["channels"]
     if pixels:
         return linear.Preprocessing(size, channels, 0.0, 1.0)
-    views = build_views(config)
+    views = build_views(config) if views is None else views
     return linear.Preprocessing(size, channels, views.mean, views.std)
 
 
@@ -158,7 +159,8 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
     loaded = load_run(run) if run else None
     config = loaded.config if loaded else DEFAULTS
     labelled = load_labelled_data(data, config, held_out)
-    preprocessing = preprocessing_for(config, pixels=baseline == "pixels")
+    preprocessing = preprocessing_for(config, pixels=baseline == "pixels",
+                                      views=loaded.views if loaded else None)
     if baseline == "pixels":
         backbone, encoder = linear.pixels_backbone(preprocessing), "raw pixels"
     elif baseline == "untrained":
