@@ -556,16 +556,16 @@ def _validate(config):
         raise ConfigError(f"data.views_on_device cannot run data.extra_layers in the train step "
                           f"(got {len(data['extra_layers'])} layers): set data.extra_layers [] "
                           f"or data.views_on_device false")
+    if model["widths"] is not None and model["backbone"] != "small_convnet":
+        raise ConfigError(f"model.widths applies to small_convnet only, not to "
+                          f"model.backbone {model['backbone']}")
+    _check_image_sizes(data, model)
     if (data["views"] == "digits" and data["source"] in ("mnist", "mnist_validation")
             and data["image_size"] != MNIST_SIZE):
         raise ConfigError(f"data.image_size must be {MNIST_SIZE} with data.views digits on "
                           f"data.source {data['source']} (the digit views keep the images' "
                           f"{MNIST_SIZE} px), got {data['image_size']}: or choose colour views "
                           f"(data.views asymmetric or symmetric), which crop to any size")
-    if model["widths"] is not None and model["backbone"] != "small_convnet":
-        raise ConfigError(f"model.widths applies to small_convnet only, not to "
-                          f"model.backbone {model['backbone']}")
-    _check_image_sizes(data, model)
 
 
 def _check_image_sizes(data, model):

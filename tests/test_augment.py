@@ -114,6 +114,7 @@ BLURS = [tf.function(blur_up_to_6), tf.function(blur_up_to_6, jit_compile=True),
 
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 2.0])
 @pytest.mark.parametrize("shape", [(16, 13, 3), (30, 40, 1), (9, 7, 3)])  # 9 × 7: < 2 radii
+@pytest.mark.slow
 def test_gaussian_blur_matches_a_separable_numpy_blur(sigma, shape):
     image = np.random.default_rng(4).uniform(size=shape).astype(np.float32)
     height, width, _ = shape
@@ -167,6 +168,7 @@ def test_crop_windows_follow_the_area_and_aspect_ranges():
     assert min(ratios) > 0.74 and max(ratios) < 1.35  # pixel aspect, not relative to 4:3
 
 
+@pytest.mark.slow
 def test_views_are_drawn_per_image_and_reproducible():
     views = augment.AsymmetricViews(size=24)
     image = np.random.default_rng(6).integers(0, 256, (40, 48, 3), dtype=np.uint8)
@@ -197,6 +199,7 @@ def test_asymmetric_views_carry_the_reference_settings():
     assert views.mean == augment.IMAGENET_MEAN and views.std == augment.IMAGENET_STD
 
 
+@pytest.mark.slow
 def test_multicrop_recipes_and_shapes():
     recipes = augment.MultiCropViews().recipes
     assert [r.size for r in recipes] == [224] * 2 + [96] * 6
@@ -209,6 +212,7 @@ def test_multicrop_recipes_and_shapes():
     assert [tuple(c.shape) for c in crops] == [(20, 20, 3)] * 2 + [(8, 8, 3)] * 3
 
 
+@pytest.mark.slow
 def test_single_channel_views_stay_single_channel():
     views = augment.AsymmetricViews(size=28, channels=1)
     assert views.mean == pytest.approx((0.4590,), abs=1e-3)  # ImageNet's through the luma
@@ -279,7 +283,7 @@ DRAW_CASES = [  # (jitter, gray, blur, solarize) coins on and off, σ from small
 ]
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("jit_compile", [pytest.param(True, marks=pytest.mark.slow), False])
 @pytest.mark.parametrize("case", range(len(DRAW_CASES)))
 def test_colour_view_matches_the_unfolded_numpy_view(jit_compile, case):
     """The fold (normalization in the colour map, clip per channel, blur and solarization in
@@ -295,7 +299,7 @@ def test_colour_view_matches_the_unfolded_numpy_view(jit_compile, case):
     assert_close_but_ties(function(tf.constant(pixels), draws), expected, tie)
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("jit_compile", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_one_channel_and_float_views_match_numpy(jit_compile):
     recipe = augment.ViewRecipe(size=16, blur_probability=1.0, solarize_probability=1.0)
     mean, std = (augment.IMAGENET_GRAY_MEAN,), (augment.IMAGENET_GRAY_STD,)
@@ -322,7 +326,7 @@ def reference_views(views, image, seed):
     return out
 
 
-@pytest.mark.parametrize("jit_compile", [True, False])
+@pytest.mark.parametrize("jit_compile", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_views_match_the_numpy_reference_for_several_images_and_seeds(jit_compile, monkeypatch):
     monkeypatch.setattr(augment, "JIT_COMPILE", jit_compile)
     rng = np.random.default_rng(12)
@@ -344,6 +348,7 @@ def test_views_match_the_numpy_reference_for_several_images_and_seeds(jit_compil
     assert checked == {True, False}  # blurred and unblurred views both compared
 
 
+@pytest.mark.slow
 def test_tiny_views_blur_within_their_size():
     """Mirrored padding needs the radius within the view: 4-pixel crops still blur (σ ≤ 2)."""
     views = augment.MultiCropViews(size=8, local_size=4, local_crops=4, blur_sigma=(1.9, 2.0))
@@ -354,6 +359,7 @@ def test_tiny_views_blur_within_their_size():
         assert [c.shape[0] for c in crops] == [8, 8, 4, 4, 4, 4]
 
 
+@pytest.mark.slow
 def test_a_keras_layer_appended_to_the_views_in_python_and_in_a_configuration():
     import keras
 

@@ -252,8 +252,9 @@ def test_unknown_backbone_lists_known_names():
     assert set(BACKBONE_NAMES) == {"resnet50", "resnet18", "cifar_resnet18", "small_convnet"}
 
 
-@pytest.mark.parametrize("name, channels", [("small_convnet", 1), ("cifar_resnet18", 3),
-                                            ("resnet18", 3), ("resnet50", 3)])
+@pytest.mark.parametrize("name, channels", [
+    ("small_convnet", 1), pytest.param("cifar_resnet18", 3, marks=pytest.mark.slow),
+    ("resnet18", 3), pytest.param("resnet50", 3, marks=pytest.mark.slow)])
 def test_feature_map_sizes_are_the_built_backbones(name, channels):
     """nets.sizes, which checks a configuration before anything is built, agrees with the
     layers the backbones are built from."""

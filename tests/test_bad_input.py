@@ -93,7 +93,7 @@ CASES = [
     ("train", ["--set", "model.pool_grid=0"], "model.pool_grid must be an integer >= 1"),
     ("train", ["--set", "method.caco.warmup_min_steps=100000"], "must end before the run's"),
     ("train", ["--set", "data.views=multicrop", "--set", "method.name=simclr"],
-     "multicrop works with method.name caco, swav, dino"),
+     "multicrop works with method.name caco, dino, swav"),
     ("train", ["--set", "data.extra_layers=[{layer: Resizing, height: 20, width: 20}]"],
      "data.extra_layers: Resizing turns a view of 28x28x1 pixels into 20x20x1; the encoder"),
     ("train", ["--set", "data.views=asymmetric", "--set", "data.extra_layers=["
@@ -180,6 +180,7 @@ def test_every_command_validates_the_whole_table():
 
 @pytest.mark.parametrize("script", ["train.py", "export/export_saved_model.py",
                                     "export/extract_features.py", "export/import_torch.py"])
+@pytest.mark.slow
 def test_the_entry_points_print_one_line_and_no_start_up_noise(script, tmp_path):
     """Real processes, TensorFlow's start-up included: one line on standard error."""
     arguments = {"train.py": ["--set", "data.image_size=3", "--run-dir", str(tmp_path / "r")],

@@ -9,6 +9,7 @@ from caco_tf.data import augment
 from caco_tf.data import images as image_ops
 
 
+@pytest.mark.slow
 def test_offline_split_is_the_fixed_permutation():
     split = data.load_offline_mnist()
     (train_x, train_y), (test_x, test_y) = split["train"], split["test"]
@@ -25,6 +26,7 @@ def test_offline_split_is_the_fixed_permutation():
     np.testing.assert_array_equal(validation["test"][0], train_x[3000:])  # never the held-out
 
 
+@pytest.mark.slow
 def test_views_are_per_image_reproducible_and_fresh_each_batch():
     images = data.load_offline_mnist()["train"][0][:16]
     batch = tf.repeat(data.to_unit_float(images[:1]), 4, axis=0)  # one digit, four times
@@ -47,6 +49,7 @@ def test_affine_identity_keeps_the_image():
     np.testing.assert_allclose(same, image, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_pretrain_dataset_batches_two_views_endlessly():
     images = data.load_offline_mnist()["train"][0][:100]
     dataset = data.pretrain_dataset(images, 32, augment.DigitViews(), seed=3)
@@ -95,6 +98,7 @@ def test_each_epoch_is_a_seeded_permutation_of_full_batches():
     np.testing.assert_array_equal(np.concatenate(batches), np.concatenate(again))
 
 
+@pytest.mark.slow
 def test_a_stream_started_at_an_epoch_is_the_full_stream_from_there():
     """What a resume relies on: epoch e's images, order and views depend on (seed, e) only."""
     images = data.load_offline_mnist()["train"][0][:96]
@@ -152,6 +156,7 @@ def test_folder_source_labels_formats_and_channels(tmp_path):
     np.testing.assert_allclose(gray[0][..., 0], gray[0][..., 2], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_corrupt_files_are_skipped_counted_and_reported_once(tmp_path, caplog):
     make_folder(tmp_path, corrupt=True)
     source = data.folder_source(str(tmp_path))
@@ -185,6 +190,7 @@ def test_looks_complete_per_format(tmp_path):
     assert not data.looks_complete(tf.constant(b"")).numpy()
 
 
+@pytest.mark.slow
 def test_file_pipeline_is_reproducible_and_fresh_each_pass(tmp_path):
     make_folder(tmp_path)
     source = data.folder_source(str(tmp_path))
@@ -245,6 +251,7 @@ def test_mirrored_input_is_sharded_into_per_replica_batches():
     assert sorted(seen) == list(range(16))
 
 
+@pytest.mark.slow
 def test_tfds_source_with_mock_data():
     views = augment.AsymmetricViews(size=16)
     with tfds.testing.mock_data(num_examples=12):
@@ -295,6 +302,7 @@ def test_numpy_channels_are_converted():
                                   np.full((1, 2, 2), 30))  # round(0.299 · 100)
 
 
+@pytest.mark.slow
 def test_digit_views_on_image_files(tmp_path):
     make_folder(tmp_path)
     source = data.folder_source(str(tmp_path))
@@ -332,6 +340,7 @@ def assert_same_batches(plain, labelled, classes=None):
     return labels
 
 
+@pytest.mark.slow
 def test_labelled_array_batches_have_the_same_views_and_their_images_labels():
     images = np.arange(24, dtype=np.uint8).reshape(24, 1, 1, 1)  # pixel = image number
     labels = (np.arange(24) * 7) % 5  # not monotonic in the image number
@@ -374,6 +383,7 @@ def gray_folder(root, per_class=5, corrupt=True):
     return labels
 
 
+@pytest.mark.slow
 def test_labelled_file_batches_keep_views_labels_and_skipped_files(tmp_path):
     labels = gray_folder(tmp_path)
     source = data.folder_source(str(tmp_path))
@@ -403,6 +413,7 @@ def test_labelled_file_batches_keep_views_labels_and_skipped_files(tmp_path):
         assert_same_batches(plain, labelled, classes=3)
 
 
+@pytest.mark.slow
 def test_labelled_multicrop_batches(tmp_path):
     gray_folder(tmp_path, corrupt=False)
     source = data.folder_source(str(tmp_path))
@@ -416,6 +427,7 @@ def test_labelled_multicrop_batches(tmp_path):
     assert len(_crops(labelled[0])) == 3 and _labels(labelled[0]) is labels
 
 
+@pytest.mark.slow
 def test_labelled_tfds_batches_and_sharding():
     echo = EchoImageViews(28)
     with tfds.testing.mock_data(num_examples=12):

@@ -88,6 +88,7 @@ def image_folder(root, count=12, bad=()):
     return folder_source(str(root))
 
 
+@pytest.mark.slow
 def test_the_service_gives_the_pipelines_batches_for_each_trainer(cluster, tmp_path):
     source, views = image_folder(tmp_path / "images"), augment.AsymmetricViews(16)
     plain = data.pretrain_dataset(source, BATCH, views, seed=3, steps_per_epoch=STEPS)
@@ -110,6 +111,7 @@ def test_the_service_gives_the_pipelines_batches_for_each_trainer(cluster, tmp_p
 
 
 @pytest.mark.usefixtures("views_without_xla")
+@pytest.mark.slow
 def test_a_bad_files_place_is_taken_by_a_good_image_of_its_batch_and_it_is_named(
         cluster, tmp_path):
     """The documented difference: without the service the next images of the order move up."""
@@ -147,6 +149,7 @@ def test_a_batch_that_never_comes_stops_the_run_with_one_line():
         list(ordered)
 
 
+@pytest.mark.slow
 def test_an_evaluation_pass_through_the_service_gives_the_same_batches(cluster, tmp_path):
     """Class folders with a bad file, in chunks of 5 (the last one short): the batches, labels
     and named bad file of ``eval_dataset`` without the service, bit for bit."""
@@ -195,6 +198,7 @@ def test_an_unreachable_dispatcher_and_what_cannot_be_served_are_one_line(tmp_pa
 
 
 @pytest.mark.usefixtures("views_without_xla")
+@pytest.mark.slow
 def test_the_commands_print_their_address_and_a_lost_worker_or_dispatcher_is_one_line(
         tmp_path):
     """caco-data-service dispatcher / worker as processes: one line each; a worker killed
@@ -238,6 +242,7 @@ def test_the_commands_print_their_address_and_a_lost_worker_or_dispatcher_is_one
         stop_cluster(processes)
 
 
+@pytest.mark.slow
 def test_a_runs_evaluation_passes_read_through_the_service(cluster, tmp_path, monkeypatch):
     """The kNN sets (monitor and end of run) and the health and precise-BatchNorm samples of
     a run with data.service read the same batches through it; a batch it loses in any pass
@@ -307,6 +312,7 @@ def _train_served(address, source, folder, stop_after=None):
 
 
 @pytest.mark.usefixtures("views_without_xla")
+@pytest.mark.slow
 def test_a_sigterm_inside_an_epoch_resumes_through_the_service_bit_for_bit(cluster, tmp_path):
     from caco_tf.training import interrupts
 

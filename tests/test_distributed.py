@@ -54,6 +54,7 @@ def _assert_close(actual, expected, what):
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * scale, err_msg=what)
 
 
+@pytest.mark.slow
 def test_two_replicas_equal_one_device():
     strategy = _two_cpus()
     # Global batch 2·BATCH, split over the replicas; 2 warm-up steps fill the 32-row bank
@@ -83,7 +84,8 @@ def test_two_replicas_equal_one_device():
             single_history.history[name][0], rel=1e-5), name
 
 
-@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("policy", [pytest.param("mixed_float16", marks=pytest.mark.slow),
+                                    "mixed_bfloat16"])
 def test_mixed_precision_keeps_the_bank_and_loss_in_float32(policy):
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
@@ -102,6 +104,7 @@ def test_mixed_precision_keeps_the_bank_and_loss_in_float32(policy):
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
 
 
+@pytest.mark.slow
 def test_xla_train_step_matches_the_plain_step():
     dataset = one_batch_dataset(*views()).repeat(2)
     plain = tiny_caco()
@@ -205,6 +208,7 @@ def _newest_save(run_dir):
         return json.load(handle)["checkpoints"][0]
 
 
+@pytest.mark.slow
 def test_multiworker_run_survives_a_signal_to_one_worker(tmp_path, digits):
     """Two local workers train 2 epochs of offline digits.  SIGTERM to worker 1 alone in
     epoch 2: both workers save the same step (the chief writes) and exit with 143; relaunched
@@ -274,6 +278,7 @@ def _one_line_and_75(code, log, waited, timeout):
     return errors[0]
 
 
+@pytest.mark.slow
 def test_no_worker_waits_forever_for_a_stopped_peer(tmp_path, digits):
     """Worker 1 is paused (SIGSTOP) in epoch 2: worker 0 does not wait for ever; it ends with
     one line naming the step and worker 1, exit status 75, so a scheduler can relaunch."""
@@ -302,6 +307,7 @@ def test_no_worker_waits_forever_for_a_stopped_peer(tmp_path, digits):
         for where in ("global step ", "the end of epoch 1 ", "the start of epoch 2 "))), line
 
 
+@pytest.mark.slow
 def test_a_peer_lost_during_the_epoch_end_evaluation_is_one_line(tmp_path, digits):
     """Worker 1 pauses itself (SIGSTOP) as the kNN monitor starts at the end of epoch 1, whose
     feature gathers are collectives: worker 0 ends within the timeout with one line naming
@@ -387,6 +393,7 @@ def test_the_watchdog_names_where_the_run_stands():
         assert watchdog.where() == where, callback.__name__
 
 
+@pytest.mark.slow
 def test_the_watchdog_times_every_phase_and_a_long_pass_by_its_batches(monkeypatch, capfd):
     """Between steps (the epoch's end) and in a named phase after training, a wait longer than
     the timeout ends the worker with one line saying where the run stood; a pass that marks

@@ -30,6 +30,7 @@ def cli(capsys, *args):
     return status, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
     status, out, _ = cli(capsys, "knn", "--run", run_dir)
     assert status == 0
@@ -48,6 +49,7 @@ def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
     assert "| knn (k=3, T=0.07) |" in out
 
 
+@pytest.mark.slow
 def test_linear_prints_table_and_final_line_and_writes_json(run_dir, capsys):
     status, out, _ = cli(capsys, "linear", "--run", run_dir, "--epochs", "3")
     assert status == 0
@@ -65,6 +67,7 @@ def test_linear_prints_table_and_final_line_and_writes_json(run_dir, capsys):
     assert 0.0 <= result["top1"] <= result["top5"] <= 100.0
 
 
+@pytest.mark.slow
 def test_transfer_to_a_tfds_dataset_by_name(run_dir, capsys, tmp_path):
     # CIFAR-10 is 32×32 RGB; the run's backbone takes 28×28 grayscale: converted on the way.
     out_json = tmp_path / "cifar.json"
@@ -109,6 +112,7 @@ def test_raw_pixel_baseline_needs_no_run(capsys, tmp_path):
     assert result["top1"] == pytest.approx(100.0 * np.mean(train_y[nearest] == test_y))
 
 
+@pytest.mark.slow
 def test_untrained_baseline_is_the_runs_network_before_training(run_dir, capsys):
     status, out, err = cli(capsys, "knn", "--run", run_dir, "--untrained", "--seed", "3")
     assert status == 0, err

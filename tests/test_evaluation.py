@@ -152,6 +152,7 @@ def encoder_state(model):
             + [model.memory_bank.rows, model.memory_bank.velocity, model.memory_bank.pointer]]
 
 
+@pytest.mark.slow
 def test_online_probe_never_changes_the_encoder():
     # Two warm-up steps then two CaCo steps, on labelled batches, with and without the probe.
     plain, probed = tiny_caco(None, warmup_steps=2), tiny_caco(3, warmup_steps=2)
@@ -176,6 +177,7 @@ def test_online_probe_trains_only_on_labelled_batches():
         np.testing.assert_array_equal(old, new.numpy())
 
 
+@pytest.mark.slow
 def test_online_probe_learns_a_linearly_decodable_label():
     # A fixed encoder (no step, no BatchNorm statistics to move): only the probe learns.
     model = tiny_caco(3, learning_rate=0.0, batchnorm=False)
@@ -213,6 +215,7 @@ def monitored_run(tmp_path_factory):
     return config, run_dir, output.getvalue()
 
 
+@pytest.mark.slow
 def test_pretraining_logs_the_knn_monitor(monitored_run):
     import tensorflow_datasets as tfds
 
@@ -229,6 +232,7 @@ def test_pretraining_logs_the_knn_monitor(monitored_run):
     assert knn_monitor(config, None, None, None) is None
 
 
+@pytest.mark.slow
 def test_pretraining_saves_precise_batchnorm_statistics(monitored_run):
     import tensorflow_datasets as tfds
 
@@ -266,6 +270,7 @@ def test_monitor_settings_are_checked():
         load_config(None, ["evaluation.knn_monitor_k=0"])
 
 
+@pytest.mark.slow
 def test_pretraining_with_the_online_probe(monitored_run):
     import tensorflow_datasets as tfds
 

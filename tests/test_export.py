@@ -50,6 +50,8 @@ def keras_features(exported, images):
 
 # --- layout, loading without keras, saved_model_cli ----------------------------------------------
 
+
+@pytest.mark.slow
 def test_saved_model_loads_without_keras_and_serves_three_signatures(exported, tmp_path):
     path = exported.path
     assert path == os.path.join(str(exported.directory), "backbone", "1")
@@ -88,6 +90,7 @@ def saved_model_cli(*args):
     return subprocess.run([cli, *args], env=ENV, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_saved_model_cli_shows_the_signatures(exported):
     result = saved_model_cli("show", "--all", "--dir", exported.path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -103,6 +106,7 @@ def test_saved_model_cli_shows_the_signatures(exported):
         assert tensor in listing
 
 
+@pytest.mark.slow
 def test_saved_model_cli_run_gives_the_keras_features(exported, tmp_path):
     np.save(tmp_path / "images.npy", exported.images)
     result = saved_model_cli(
@@ -239,6 +243,7 @@ def image_folder(exported, tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_extract_features_from_an_image_folder(exported, image_folder, tmp_path):
     out = tmp_path / "features"
     result = launch.run(

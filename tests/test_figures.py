@@ -46,6 +46,7 @@ def test_query_examples_pick_the_mpp_and_distinct_negatives():
                                   nearest[examples["negatives"]])
 
 
+@pytest.mark.slow
 def test_tsne_keeps_separable_clusters_apart_and_is_seeded():
     rng = np.random.default_rng(2)
     labels = np.repeat(np.arange(3), 20)
@@ -70,6 +71,7 @@ def test_prob_acc_plot_with_and_without_the_monitor(history, tmp_path):
     assert image.shape[0] > 300 and image.shape[1] > 500
 
 
+@pytest.mark.slow
 def test_the_three_figures_from_a_run_folder(tmp_path, capsys):
     run_dir, _ = make_run(tmp_path / "run", history=HISTORY)
     with tfds.testing.mock_data(num_examples=40):

@@ -50,6 +50,7 @@ def default_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("batch", [1, 7])
+@pytest.mark.slow
 def test_the_defaults_backbone_gives_the_saved_models_features(default_model, batch):
     images = np.random.default_rng(batch).integers(0, 256, (batch, 28, 28, 1), np.uint8)
     expected = _saved_model_outputs(default_model["saved_model"], images)
@@ -77,6 +78,7 @@ def test_a_request_of_the_wrong_dtype_or_rank_is_refused(default_model):
             litert(bad)
 
 
+@pytest.mark.slow
 def test_a_resnet50_at_224_px_gives_the_saved_models_features(tmp_path):
     backbone = backbones.build_backbone("resnet50", (224, 224, 3))
     arguments = dict(image_size=224, channels=3, mean=augment.IMAGENET_MEAN,
@@ -90,6 +92,7 @@ def test_a_resnet50_at_224_px_gives_the_saved_models_features(tmp_path):
     assert _relative(interop.LiteRTModel(litert)(images), expected) <= 1e-4
 
 
+@pytest.mark.slow
 def test_the_export_command_writes_each_format(tmp_path, capsys):
     from caco_tf.cli import export as export_cli
     from tiny_run import make_run

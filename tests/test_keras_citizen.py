@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from caco_tf import build, methods
 from caco_tf.config import load_config
-from tiny_methods import CONFIG_OVERRIDES
+from tiny_methods import CONFIG_OVERRIDES, by_tier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = CONFIG_OVERRIDES + ["method.caco.warmup_epochs=1", "train.batch_size=8", "train.epochs=3",
@@ -30,7 +30,7 @@ def _state(model):
     return values
 
 
-@pytest.mark.parametrize("method", list(methods.METHODS))
+@pytest.mark.parametrize("method", by_tier(methods.METHODS))
 def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
     keras.utils.set_random_seed(0)
     config = load_config(None, TINY + [f"method.name={method}"])
@@ -70,6 +70,7 @@ def test_every_method_is_rebuilt_from_its_config(method):
     assert [v.shape for v in clone.weights] == [v.shape for v in model.weights]
 
 
+@pytest.mark.slow
 def test_export_writes_the_serving_saved_model_or_names_the_call(tmp_path):
     from caco_tf.serving import export
 
@@ -102,6 +103,7 @@ def test_summary_names_the_parts_and_the_bank():
     assert "K × D = 64 × 16 rows" in text
 
 
+@pytest.mark.slow
 def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch):
     """The README's Python example, at tiny sizes: only its configuration line is changed."""
     readme = open(os.path.join(ROOT, "README.md")).read()
@@ -129,6 +131,7 @@ def test_the_readmes_example_runs_with_warnings_as_errors(tmp_path, monkeypatch)
     assert os.path.exists(tmp_path / "backbone" / "saved_model.pb")
 
 
+@pytest.mark.slow
 def test_a_caco_composed_by_hand_saves_loads_and_exports(tmp_path):
     """As a Keras user composes it, without build_model: fit, .keras round trip, then
     model.export gives a SavedModel of what the backbone takes (float images); with the
@@ -138,8 +141,9 @@ def test_a_caco_composed_by_hand_saves_loads_and_exports(tmp_path):
     keras.utils.set_random_seed(0)
     backbone = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(4, 3),
                                  keras.layers.GlobalAveragePooling2D()], name="tiny_backbone")
-    model = methods.model_class("caco")(backbone, backbones.build_projector(4, hidden_dim=16, output_dim=8),
-                         bank_size=32)
+    caco = methods.model_class("caco")
+    model = caco(backbone, backbones.build_projector(4, hidden_dim=16, output_dim=8),
+                 bank_size=32)
     model.compile(optimizer=keras.optimizers.SGD(0.1))
     model.fit(_batches(1), epochs=1, verbose=0)
     model.save(tmp_path / "caco.keras")

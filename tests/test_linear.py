@@ -179,6 +179,7 @@ def weak_dense_signal(count, dims=400, signal=0.1, seed=0):
     return (rng.normal(size=(count, dims)) + shift).astype(np.float32), labels
 
 
+@pytest.mark.slow
 def test_cross_validation_scores_every_row_once_and_exposes_an_overstrong_penalty():
     features, labels = weak_dense_signal(60)
     fit = dict(epochs=20, batch_size=20, learning_rate=0.1, momentum=0.9, weight_decay=0.0)
@@ -192,6 +193,7 @@ def test_cross_validation_scores_every_row_once_and_exposes_an_overstrong_penalt
     assert linear.select_l2(features, labels, 2, grid=(0.0, 1.0), folds=3, **fit) == scores
 
 
+@pytest.mark.slow
 def test_auto_l2_is_chosen_on_the_training_split_alone():
     train = data.ArraySource(*blob_images(120, 8, seed=0))
     images, labels = blob_images(60, 8, seed=1)
@@ -224,6 +226,7 @@ def test_auto_l2_needs_cached_features():
                          batch_size=2, learning_rate=0.1, momentum=0.9, weight_decay=0.0)
 
 
+@pytest.mark.slow
 def test_raw_pixels_on_real_digits_learn():
     split = data.load_offline_mnist()
     train = data.ArraySource(*(part[:1000] for part in split["train"]))

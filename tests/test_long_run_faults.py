@@ -88,6 +88,7 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_second_launch_on_a_new_folder_leaves_it_to_the_first(tiny, tmp_path):
     """Two launches on a folder that does not exist yet, the second reaching it while the
     first trains: the second is refused in one line and deletes nothing (it used to remove the
@@ -133,6 +134,7 @@ def assert_same_run(run_dir, reference_dir):
         np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_checkpoint_and_the_same_command_ends_as_never_stopped(
         tiny, reference, tmp_path):
     """The disk fills up in epoch 2 of a new run: one line, exit status 74, the checkpoint of
@@ -157,6 +159,7 @@ def test_a_full_disk_keeps_the_checkpoint_and_the_same_command_ends_as_never_sto
         assert_same_run(run_dir, reference)
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_exporting_is_one_line_and_the_same_command_finishes(tiny, tmp_path):
     """The disk fills up once trained, as the SavedModel is written (TensorFlow's own write):
     one line, exit status 74 (it was a traceback); once space is freed, the same command
@@ -182,6 +185,7 @@ def test_a_full_disk_while_exporting_is_one_line_and_the_same_command_finishes(t
         assert open(RunFolder(run_dir).history).read() == trained  # no epoch trained again
 
 
+@pytest.mark.slow
 def test_a_stop_for_collapse_keeps_the_backup_it_names(tiny, tmp_path):
     """train.stop_on_collapse in a new run: the line says the last good state is kept in
     RUN_DIR/backup, and it is."""
@@ -198,6 +202,7 @@ def test_a_stop_for_collapse_keeps_the_backup_it_names(tiny, tmp_path):
     assert RunFolder(run_dir).read_backup().epoch == 1
 
 
+@pytest.mark.slow
 def test_a_closed_standard_output_is_one_warning_and_the_run_goes_on(tiny, tmp_path):
     """``caco-train | head -1``: the reader goes away after the first line; the run goes on to
     its end (exit status 0), says so once on standard error, and keeps its folder."""
@@ -214,6 +219,7 @@ def test_a_closed_standard_output_is_one_warning_and_the_run_goes_on(tiny, tmp_p
     assert os.path.exists(RunFolder(run_dir).results)
 
 
+@pytest.mark.slow
 def test_a_closed_terminal_saves_as_sigterm_does(tiny, tmp_path):
     """A run in a terminal that closes (an ssh session lost): the kernel sends SIGHUP and the
     terminal takes no more output; the run finishes its step, saves and exits with 129 (what
@@ -248,6 +254,7 @@ def test_a_closed_terminal_saves_as_sigterm_does(tiny, tmp_path):
     assert len(json.load(open(RunFolder(run_dir).history))) == 1  # epoch 2 not finished
 
 
+@pytest.mark.slow
 def test_signals_are_honoured_while_the_input_waits_for_ever(tiny, tmp_path):
     """The images become named pipes once listed (a reader of one waits until something
     writes): the first step never ends.  A SIGTERM then says so in one line, and a second one

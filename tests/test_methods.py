@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from caco_tf import losses, methods
 from caco_tf.methods.contrastive import ContrastiveMethod
-from tiny_methods import BATCH, tiny, views
+from tiny_methods import BATCH, by_tier, tiny, views
 
 # The methods outside the InfoNCE family (tests/test_ablations.py has that family's).
 NEW = tuple(name for name, cls in methods.METHODS.items()
@@ -295,7 +295,7 @@ def test_barlow_twins_and_vicreg_losses_of_a_step():
 
 
 # ---------------------------------------------------------------------- every part trains
-@pytest.mark.parametrize("method", list(methods.METHODS))
+@pytest.mark.parametrize("method", by_tier(methods.METHODS))
 def test_every_trainable_part_moves_after_one_step(method):
     multi = methods.model_class(method).MULTI_CROP
     model = tiny(method, any_size=multi)
@@ -350,6 +350,7 @@ def test_the_health_monitor_names_swavs_and_dinos_known_failure(method, caplog):
     assert model.COLLAPSE_ADVICE in warnings[0]
 
 
+@pytest.mark.slow
 def test_simsiam_without_its_predictor_collapses_and_the_monitor_names_it(caplog):
     """On 512 real digits, a small ConvNet: without the predictor the projections turn
     towards one direction within 4 epochs (the monitor warns, naming the predictor); with it

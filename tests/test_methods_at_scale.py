@@ -19,7 +19,7 @@ from caco_tf.training import callbacks, interrupts
 from caco_tf.training.run_folder import RunFolder
 from test_distributed import _assert_close, _cpus
 from test_methods import NEW
-from tiny_methods import BATCH, SIZE, tiny, views
+from tiny_methods import BATCH, SIZE, by_tier, tiny, views
 
 
 def _step(method, replicas=1):
@@ -35,7 +35,7 @@ def _step(method, replicas=1):
     return model, history["loss"][0]
 
 
-@pytest.mark.parametrize("method", NEW + ("moco_v2", "negative"))
+@pytest.mark.parametrize("method", by_tier(NEW + ("moco_v2", "negative")))
 def test_one_replica_equals_two_and_four(method):
     single, single_loss = _step(method)
     for replicas in (2, 4):
@@ -79,7 +79,7 @@ def _train(method, folder, stop_after=None):
     return model, {key: values[-1] for key, values in history.history.items()}
 
 
-@pytest.mark.parametrize("method", NEW)
+@pytest.mark.parametrize("method", by_tier(NEW))
 def test_a_sigterm_inside_an_epoch_resumes_to_the_uninterrupted_end(method, tmp_path):
     uninterrupted, logs = _train(method, str(tmp_path / "uninterrupted"))
     folder = str(tmp_path / "stopped")

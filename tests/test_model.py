@@ -127,6 +127,7 @@ def test_warmup_fills_the_bank_with_keys_then_resyncs():
                                0.9 * query_before + 0.1 * query_after, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_steps_per_execution_runs_the_same_steps():
     """One step per call (from Python) and 4 per call (one compiled loop) train alike: the
     warm-up ends inside a call (step 5), epochs of 6 steps end with a short call, and the

@@ -41,6 +41,7 @@ def fit_one(model, batch):
     return model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0).history
 
 
+@pytest.mark.slow
 def test_without_local_crops_it_is_the_two_view_step():
     two_view, multi = tiny_caco(False), tiny_caco(True)
     batch = crops(local=0)
@@ -92,6 +93,7 @@ def test_multicrop_step_follows_the_loss_over_crops():
     assert np.abs(expected_gradient - two_crops_gradient).max() > 1e-5
 
 
+@pytest.mark.slow
 def test_warmup_and_evaluation_use_the_global_crops():
     model = tiny_caco(True, warmup_steps=1)
     batches = tf.data.Dataset.from_tensors(crops(local=3)).repeat(2)

@@ -49,6 +49,7 @@ def test_an_old_run_folder_and_keras_files_load():
     assert simclr.memory_bank is None and simclr.key_encoder is None
 
 
+@pytest.mark.slow
 def test_an_old_run_folder_resumes_to_the_old_runs_end(tmp_path):
     """Its backup after epoch 1, resumed by today's code, ends as the 0.2 run did (bit for bit on
     the CPU model that made it; to float32 drift on another)."""

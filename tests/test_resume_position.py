@@ -46,6 +46,7 @@ def _passed_over(source, seed, epoch, position):
     return [name.decode() for _, name in items.take(position["items"]).as_numpy_iterator()]
 
 
+@pytest.mark.slow
 def test_a_resumed_stream_reads_nothing_before_its_place(tmp_path):
     folder, bad = _folder(tmp_path / "images")
     source = data.folder_source(folder)
@@ -82,6 +83,7 @@ def test_a_resumed_stream_reads_nothing_before_its_place(tmp_path):
     assert any(np.any(a != b) for a, b in zip(other, batches[STEPS + 2:]))
 
 
+@pytest.mark.slow
 def test_a_stopped_image_folder_run_resumes_bit_for_bit_without_rereading(tmp_path,
                                                                           monkeypatch):
     """train's run on an image folder with bad files, stopped by a real SIGTERM inside epoch

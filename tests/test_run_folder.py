@@ -155,6 +155,7 @@ def test_one_writer_per_run_folder_and_a_dead_holder_does_not_block(tmp_path):
         assert json.load(open(folder.lock_path))["pid"] == os.getpid()
 
 
+@pytest.mark.slow
 def test_a_run_folder_too_small_for_the_run_is_refused_at_the_start_with_the_sizes(tmp_path):
     """caco-train whose run folder's file system cannot hold the run's checkpoints and exports:
     one ``error:`` line at the start with the sizes, exit status 74, no traceback, and no

@@ -47,6 +47,7 @@ def tiny_digits(tmp_path_factory):
     return str(data_dir), train, test
 
 
+@pytest.mark.slow
 def test_a_data_set_prepared_from_local_files_feeds_training(tiny_digits):
     data_dir, train, test = tiny_digits
     assert (len(train), len(test)) == (24, 9)
@@ -57,6 +58,7 @@ def test_a_data_set_prepared_from_local_files_feeds_training(tiny_digits):
     assert view1.shape == view2.shape == (8, 28, 28, 1)
 
 
+@pytest.mark.slow
 def test_the_prepared_data_set_is_read_by_name_by_the_evaluation_command(tiny_digits, tmp_path):
     """A process that never saw the builder reads the prepared set from data.data_dir."""
     data_dir, _, _ = tiny_digits
@@ -109,6 +111,7 @@ def imagenet_manual_dir(folder, per_class=3, validation=5):
     return folder
 
 
+@pytest.mark.slow
 def test_imagenet2012_is_prepared_from_a_manual_dir_in_imagenets_layout(tmp_path):
     (tmp_path / "manual").mkdir()
     manual = imagenet_manual_dir(tmp_path / "manual")

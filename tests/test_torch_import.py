@@ -25,6 +25,9 @@ from caco_tf.training.run_folder import RunFolder
 from caco_tf.config import load_config
 from caco_tf.serving.torch_import import CheckpointError
 
+# A PyTorch model built, saved and imported (torch's import and the module's fixture: ~1 min).
+pytestmark = pytest.mark.slow
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "imagenet_resnet50_b1024.yaml")

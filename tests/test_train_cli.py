@@ -95,6 +95,7 @@ def assert_same_run(run_dir, reference_dir):
 # SIGTERM and SIGHUP through the same command: tests/test_long_run_faults.py (a closed
 # terminal), tests/test_distributed.py (a preempted worker).
 @pytest.mark.parametrize("name,status,per_call", [("INT", 130, 2)])
+@pytest.mark.slow
 def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
         small_data, finished_run, tmp_path, name, status, per_call):
     """SIGINT (Ctrl-C) after step 6, inside epoch 2, the stopped run taking 2 steps per
@@ -124,6 +125,7 @@ def test_a_signal_saves_inside_the_epoch_and_the_run_goes_on_bit_for_bit(
     assert_same_run(run_dir, finished_run[1])
 
 
+@pytest.mark.slow
 def test_a_hard_kill_loses_at_most_the_time_since_the_last_periodic_save(
         small_data, finished_run, tmp_path):
     """With saves every 0.6 s inside the epochs, SIGKILL once a mid-epoch save exists after
@@ -182,6 +184,7 @@ def test_a_hard_kill_loses_at_most_the_time_since_the_last_periodic_save(
                                        "saved_model.pb"))
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_new_schedules_unless_told_to_rescale(finished_run, tmp_path):
     config, finished = finished_run
     run_dir = str(tmp_path / "run")
@@ -205,6 +208,7 @@ def test_a_resume_refuses_new_schedules_unless_told_to_rescale(finished_run, tmp
     assert history[4]["lr"] == pytest.approx(expected_lr, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_resuming_with_a_differently_shaped_model_is_a_one_line_error(finished_run):
     config, run_dir = finished_run
     saved_config = open(os.path.join(run_dir, "config.yaml")).read()
@@ -222,6 +226,7 @@ def test_resuming_with_a_differently_shaped_model_is_a_one_line_error(finished_r
     assert open(os.path.join(run_dir, "config.yaml")).read() == saved_config
 
 
+@pytest.mark.slow
 def test_export_entry_point_rebuilds_the_run(finished_run, tmp_path):
     _, run_dir = finished_run
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")

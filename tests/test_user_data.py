@@ -50,6 +50,7 @@ def write_shards(folder, shards=3, per_shard=8, bad=False):
     return str(folder / "train-*")
 
 
+@pytest.mark.slow
 def test_tfrecord_shards_are_read_interleaved_sharded_and_bad_records_counted(tmp_path):
     pattern = write_shards(tmp_path / "shards", bad=True)
     source = data.load_source(f"tfrecord:{pattern}")[0]
@@ -155,6 +156,7 @@ def test_knn_by_blocks_equals_one_block():
     np.testing.assert_array_equal(blocks.argmax(1), whole.argmax(1))  # another order
 
 
+@pytest.mark.slow
 def test_features_computed_by_two_replicas_are_the_single_devices():
     from test_distributed import _two_cpus
 
@@ -203,6 +205,7 @@ def test_batches_that_replicas_cannot_share_are_one_line_errors():
         model.fit(unknown, epochs=1, verbose=0)
 
 
+@pytest.mark.slow
 def test_the_evaluation_command_takes_the_users_own_train_and_held_out(tmp_path, capsys):
     """Transfer to the user's labelled images: --data a folder of classes, --held-out another."""
     from caco_tf.cli import evaluate
@@ -219,6 +222,7 @@ def test_the_evaluation_command_takes_the_users_own_train_and_held_out(tmp_path,
     assert "has no labelled held-out split; pass --held-out SOURCE" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_shipped_configuration_for_own_images(tmp_path):
     """configs/folder_resnet18.yaml (issue 23, point 6) trains end to end on an ImageNet-style
     folder (data.source folder:ROOT and nothing else), ResNet-18 with the paper's asymmetric

@@ -35,6 +35,7 @@ def jpeg_source(folder, count=6):
 BLUR = (0.1, 0.6)
 
 
+@pytest.mark.slow
 def test_the_views_coloured_in_a_compiled_step_are_the_pipelines(tmp_path):
     source = jpeg_source(tmp_path)
     views = augment.AsymmetricViews(size=16, blur_sigma=BLUR)
@@ -53,6 +54,7 @@ def test_the_views_coloured_in_a_compiled_step_are_the_pipelines(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [tf.uint8, tf.float32])
+@pytest.mark.slow
 def test_multicrop_views_of_uint8_and_float_images(dtype):
     views = augment.MultiCropViews(size=12, local_size=8, local_crops=2, blur_sigma=BLUR)
     on_device = augment.ColourOnDevice(views)
@@ -80,6 +82,7 @@ def tiny_caco(views_on_device=None):
     return model
 
 
+@pytest.mark.slow
 def test_a_step_on_shipped_views_is_the_step_on_finished_views():
     images = np.random.default_rng(0).integers(0, 256, (8, 20, 20, 3), np.uint8)
     views = augment.AsymmetricViews(size=16, blur_sigma=BLUR)

@@ -3,6 +3,7 @@ an 16-wide projector to 6 dimensions, banks and queues of 32 rows, heads of 16."
 
 import keras
 import numpy as np
+import pytest
 
 from caco_tf import methods
 from caco_tf.nets import backbones
@@ -27,6 +28,17 @@ CONFIG_OVERRIDES = ["model.projector_hidden=32", "model.embedding_dim=16"] + [
     f"method.{method}.{key}={setting.tiny}"
     for method, cls in methods.METHODS.items() if cls.SETTINGS_OF is None
     for key, setting in _tiny_settings(cls).items()]
+
+
+# The fast tier (pytest -m "not slow") runs the per-method tests of one method of each family:
+# CaCo for the InfoNCE family, BYOL for the others; the whole suite runs every method.
+FAST_METHODS = ("caco", "byol")
+
+
+def by_tier(names):
+    """``names`` as test parameters, all but ``FAST_METHODS`` marked slow."""
+    return [name if name in FAST_METHODS else pytest.param(name, marks=pytest.mark.slow)
+            for name in names]
 
 
 def tiny(method, warmup_steps=0, sync=False, any_size=False, steps_per_execution=1,

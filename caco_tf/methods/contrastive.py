@@ -25,6 +25,7 @@ class ContrastiveMethod(Method):
     """
 
     TEACHER = "momentum"
+    TEACHER_NAME = "key encoder"  # the paper's name for the family's momentum teacher
     BANK = False
     LEARNS_BANK = False
 
