@@ -100,7 +100,7 @@ def test_summary_names_the_parts_and_the_bank():
     text = "\n".join(lines)
     for part in ("backbone", "projector", "key encoder", "bank", "online probe"):
         assert re.search(rf"^{part} ", text, re.M), part
-    assert "K × D = 64 × 16 rows" in text
+    assert "K × D = 32 × 16 rows" in text  # the tiny bank (tiny_methods.CONFIG_OVERRIDES)
 
 
 @pytest.mark.slow

@@ -41,8 +41,7 @@ import tensorflow as tf
 from caco_tf import health
 from caco_tf.methods.bank_warmup import BankWarmup
 from caco_tf.methods.memory_bank import MemoryBank
-from caco_tf.methods.momentum_encoder import (MomentumEncoder, build_encoder,
-                                              features_and_embeddings)
+from caco_tf.methods.momentum_encoder import UNIT_LAYER, MomentumEncoder, build_encoder
 from caco_tf.methods.summary import parts_table
 from caco_tf.training import distribute, steps
 
@@ -129,6 +128,7 @@ class Method(keras.Model):
             raise ValueError(f"method {self.method!r} has no bank warm-up")
 
         self.backbone = backbone
+        self._projector_name = projector.name  # its layer in the embedding network
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
         self.build_heads()
         self.key_encoder = None
@@ -209,7 +209,7 @@ class Method(keras.Model):
 
     @property
     def projector(self):  # inside the embedding network: backbone → projector → L2
-        return self.query_encoder.layers[-2]
+        return self.query_encoder.get_layer(self._projector_name)
 
     @property
     def heads(self):
@@ -446,7 +446,9 @@ class Method(keras.Model):
 
     def features_and_embeddings(self, images, training=False):
         """The backbone's features and the embeddings, from one pass of the backbone."""
-        return features_and_embeddings(self.query_encoder, images, training)
+        features = self.backbone(images, training=training)
+        normalize = self.query_encoder.get_layer(UNIT_LAYER)
+        return features, normalize(self.projector(features, training=training))
 
     def make_train_function(self, force=False):
         """The run's phases (``phases``), ``steps_per_execution`` steps per call in one

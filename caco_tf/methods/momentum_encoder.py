@@ -17,22 +17,17 @@ def build_encoder(backbone, projector, name, heads=()):
     return keras.Model(*_encoder_graph(backbone, projector, heads), name=name)
 
 
+UNIT_LAYER = "l2_normalize"  # the embedding network's last layer: the unit projection
+
+
 def _encoder_graph(backbone, projector, heads=()):
     inputs = keras.Input(backbone.input_shape[1:])
     # float32 whatever the policy: the embedding feeds the bank's logits, softmax and loss.
-    outputs = keras.layers.UnitNormalization(name="l2_normalize", dtype="float32")(
+    outputs = keras.layers.UnitNormalization(name=UNIT_LAYER, dtype="float32")(
         projector(backbone(inputs)))
     for head in heads:
         outputs = head(outputs)
     return inputs, outputs
-
-
-def features_and_embeddings(encoder, images, training=False):
-    """An encoder's backbone features and its embeddings from one pass of the backbone: the
-    encoder is the chain that ``_encoder_graph`` makes (input, backbone, projector, norm)."""
-    _, backbone, projector, normalize = encoder.layers[:4]
-    features = backbone(images, training=training)
-    return features, normalize(projector(features, training=training))
 
 
 class MomentumEncoder(keras.Model):
