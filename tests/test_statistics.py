@@ -1,0 +1,53 @@
+"""caco_tf.evaluation.statistics: the intervals against closed forms on fixed numbers, and the
+verdicts a paired comparison allows."""
+
+import math
+
+import pytest
+
+from caco_tf.evaluation import statistics
+
+# Student's t quantiles t(p; df) in closed form for df 1 (Cauchy) and 2, and df 4 from the
+# tables.
+P = 0.975
+T_975 = {1: math.tan(math.pi * (P - 0.5)), 2: (2 * P - 1) / math.sqrt(2 * P * (1 - P)),
+         4: 2.7764451051977987}
+
+
+def test_the_mean_interval_is_students_t_on_fixed_numbers():
+    values = [97.1, 97.9, 97.5]  # mean 97.5, sample sd 0.4
+    interval = statistics.mean_interval(values)
+    half = T_975[2] * 0.4 / math.sqrt(3)
+    assert interval.mean == pytest.approx(97.5)
+    assert (interval.low, interval.high) == pytest.approx((97.5 - half, 97.5 + half), rel=1e-9)
+    assert interval.count == 3
+    five = statistics.mean_interval([1.0, 2.0, 3.0, 4.0, 5.0])  # sd sqrt(2.5)
+    assert five.high - 3.0 == pytest.approx(T_975[4] * math.sqrt(2.5) / math.sqrt(5), rel=1e-9)
+
+
+def test_one_value_leaves_the_interval_unbounded_and_none_is_refused():
+    interval = statistics.mean_interval([97.0])
+    assert interval.mean == 97.0 and interval.low == -math.inf and interval.high == math.inf
+    with pytest.raises(ValueError, match="at least one value"):
+        statistics.mean_interval([])
+
+
+def test_a_paired_comparison_claims_only_what_its_interval_excludes():
+    # B is below A by 0.2 to 0.4 on every seed: the paired interval excludes 0.
+    a, b = [97.9, 98.1, 97.6], [97.6, 97.9, 97.2]
+    beats = statistics.paired_comparison(a, b, names=("vicreg", "caco"))
+    assert beats.verdict == "vicreg above caco" and beats.difference.low > 0
+    assert statistics.paired_comparison(b, a, names=("caco", "vicreg")).verdict == (
+        "vicreg above caco")
+    # The same means with the differences' signs mixed: no difference measured, although the
+    # means differ by as much.
+    mixed = statistics.paired_comparison([98.4, 97.2, 98.0], [97.6, 97.9, 97.2])
+    assert mixed.difference.mean == pytest.approx(0.3) and mixed.verdict == (
+        statistics.NO_DIFFERENCE)
+    # Two seeds, df 1: even a steady gap of ±0.1 spread stays unresolved.
+    two = statistics.paired_comparison([98.0, 98.4], [97.9, 98.1])
+    assert two.difference.high - two.difference.mean == pytest.approx(
+        T_975[1] * math.sqrt(0.02) / math.sqrt(2), rel=1e-9)
+    assert two.verdict == statistics.NO_DIFFERENCE
+    with pytest.raises(ValueError, match="one of each per seed: 3 against 2"):
+        statistics.paired_comparison([1, 2, 3], [1, 2])
