@@ -77,3 +77,8 @@ def test_a_method_that_names_itself_twice_is_refused(monkeypatch):
         types.SimpleNamespace(name="byol"), types.SimpleNamespace(name="byol_again")])
     with pytest.raises(TypeError, match="two methods are named 'byol': BYOL and Again"):
         methods._registered()
+
+
+def test_a_method_offers_the_warmup_settings_exactly_when_it_opts_into_the_warmup():
+    for name, cls in methods.METHODS.items():
+        assert ("warmup_epochs" in cls.SETTINGS) == (cls.WARMUP is not None), name

@@ -7,13 +7,16 @@ the student by EMA.  A method with a bank of its own (CaCo, MoCo v2, ...) warms 
 another gets one for the warm-up alone (the fair ablation: every method starts its own loss
 from the same state).
 
-``BankWarmup`` gives the warm-up's step to the base's one step (``Method._step``): the same
-hooks as a method (targets, forward, loss, update_state, after_step).
+A method opts in with ``WARMUP = BankWarmup`` and the settings ``warmup_settings`` gives;
+``BankWarmup`` then gives the warm-up's step to the base's one step (``Method._step``): the
+same hooks as a method (targets, forward, loss, update_state, after_step).  A method may report
+its own diagnostics against the bank the warm-up fills (``warmup_diagnostics``: CaCo's MPPs).
 """
 
 import tensorflow as tf
 
 from caco_tf import losses
+from caco_tf.methods.memory_bank import MemoryBank
 
 
 class BankWarmup:
@@ -22,7 +25,26 @@ class BankWarmup:
     EXACT_GRADIENT = False
 
     def __init__(self, model):
+        """The warm-up of ``model``, which has built its key encoder and state: a bank of the
+        warm-up's own when the method has none."""
         self.model = model
+        if model.memory_bank is None:
+            rows = (model.bank_size if "bank_size" in model.argument_defaults()
+                    else model.warmup_bank_size)
+            model.memory_bank = MemoryBank(rows, model.embedding_dim, 0.0)
+
+    @staticmethod
+    def teacher_momentum(model):
+        """The EMA momentum of the key encoder the warm-up gives a method without a teacher."""
+        return model.warmup_key_momentum
+
+    def on_end(self):
+        """What the run does as the warm-up ends: the teacher re-synced to the student
+        (``resync_after_warmup``), or nothing (None)."""
+        model = self.model
+        if not model.resync_after_warmup:
+            return None
+        return lambda: model.key_encoder.sync(model._variables(model._teacher_heads()))
 
     @property
     def student_variables(self):
@@ -50,7 +72,8 @@ class BankWarmup:
         """One key per image written into the bank; the method's diagnostics against the bank
         this step read."""
         (query1, query2), (key1, key2, bank, _) = outputs, targets
-        diagnostics = self.model.warmup_diagnostics(query1, query2, key1, key2, bank)
+        own = getattr(self.model, "warmup_diagnostics", None)
+        diagnostics = own(query1, query2, key1, key2, bank) if own else {}
         self.model.memory_bank.enqueue(key1, bank)
         return diagnostics
 

@@ -3,7 +3,7 @@
 import keras
 
 from caco_tf import losses
-from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.bank_warmup import BankWarmup, warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.training import distribute
 from caco_tf.settings import Setting, number
@@ -27,6 +27,7 @@ class BarlowTwins(Method):
             "for a D-dimensional projection)", tiny=0.05),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
+    WARMUP = BankWarmup
     DOCS_ROW = {"state": "–", "global batch": "standardization, cross-correlation"}
     PROJECTOR = dict(layers_count=3)
 

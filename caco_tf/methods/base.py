@@ -29,8 +29,10 @@ A method declares its parts; the base builds and trains them:
 - its settings, ``SETTINGS``: the section ``method.<name>`` of a run's configuration, each
   setting the constructor argument of its name (``caco_tf.config.Setting``).
 
-The bank warm-up (``bank_warmup.BankWarmup``) is its own switch (``warmup_steps``).  A run's
-steps are phases (``phases``): the warm-up, then the method's, split where a frozen head thaws.
+A method may offer a warm-up that runs before its own steps (``WARMUP``: the bank warm-up,
+``bank_warmup.BankWarmup``, a part it opts into as it opts into a momentum teacher), switched
+on by ``warmup_steps``.  A run's steps are phases (``phases``): the warm-up, then the
+method's, split where a frozen head thaws.
 """
 
 import collections
@@ -39,8 +41,6 @@ import keras
 import tensorflow as tf
 
 from caco_tf import health
-from caco_tf.methods.bank_warmup import BankWarmup
-from caco_tf.methods.memory_bank import MemoryBank
 from caco_tf.methods.momentum_encoder import UNIT_LAYER, MomentumEncoder, build_encoder
 from caco_tf.methods.summary import parts_table
 from caco_tf.training import distribute, steps
@@ -87,6 +87,7 @@ class Method(keras.Model):
     SETTINGS_OF = None             # the method whose settings it reads instead (ablation rows)
     TEACHER = None                 # "momentum", "student" or None
     TEACHER_HEADS = ()             # heads the momentum teacher copies (DINO's last layer)
+    WARMUP = None                  # the part run before its steps (bank_warmup.BankWarmup)
     HEADS = ()                     # the student's heads, by attribute name
     PROJECTOR = {}                 # the projector's shape (nets.backbones.build_mlp; CaCo's)
     MULTI_CROP = False             # takes local crops besides the two global ones
@@ -124,7 +125,7 @@ class Method(keras.Model):
         self.multi_crop = bool(multi_crop)
         self.sync_batchnorm = bool(sync_batchnorm)  # the heads' BatchNorm, as the projector's
         self.warmup_steps = int(warmup_steps)
-        if self.warmup_steps and "warmup_temperature" not in self.argument_defaults():
+        if self.warmup_steps and self.WARMUP is None:
             raise ValueError(f"method {self.method!r} has no bank warm-up")
 
         self.backbone = backbone
@@ -132,16 +133,15 @@ class Method(keras.Model):
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
         self.build_heads()
         self.key_encoder = None
-        if self.TEACHER == "momentum" or self.warmup_steps:
+        if self.TEACHER == "momentum" or self.warmup_steps:  # the warm-up's keys, too
+            momentum = (self.key_momentum if "key_momentum" in self.argument_defaults()
+                        else self.WARMUP.teacher_momentum(self))
             self.key_encoder = MomentumEncoder.following(
-                [self.query_encoder] + self._teacher_heads(), backbone, projector,
-                self._own_or_warmup("key_momentum"), heads=self._teacher_heads())
+                [self.query_encoder] + self._teacher_heads(), backbone, projector, momentum,
+                heads=self._teacher_heads())
         self.memory_bank = None
         self.build_state()
-        if self.warmup_steps and self.memory_bank is None:  # a bank for the warm-up alone
-            self.memory_bank = MemoryBank(self._own_or_warmup("bank_size"), self.embedding_dim,
-                                          0.0)
-        self.warmup = BankWarmup(self) if self.warmup_steps else None
+        self.warmup = self.WARMUP(self) if self.warmup_steps else None
 
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.diagnostic_trackers = [keras.metrics.Mean(name=name) for name in self.DIAGNOSTICS]
@@ -193,11 +193,6 @@ class Method(keras.Model):
     def method_metrics(self):
         return []
 
-    def _own_or_warmup(self, name):
-        """The method's own ``name`` setting, else the warm-up's (``warmup_<name>``)."""
-        return getattr(self, name) if name in self.argument_defaults() else getattr(
-            self, f"warmup_{name}")
-
     @classmethod
     def projector_shape(cls, settings):
         """``build_mlp``'s arguments for a run whose method section is ``settings``."""
@@ -228,18 +223,17 @@ class Method(keras.Model):
         return self._variables(self.heads)
 
     def phases(self):
-        """The run's phases (``Phase``): the bank warm-up while the step counter is below
+        """The run's phases (``Phase``): the warm-up while the step counter is below
         ``warmup_steps``, then the method's steps, split where a frozen part thaws."""
         thaws = self.frozen_until()
         starts = sorted({self.warmup_steps} | {s for s in thaws.values()
                                                if s > self.warmup_steps})
-        phases = [Phase(0, self.warmup, frozenset(), None)] if self.warmup_steps else []
-        resync = (lambda: self.key_encoder.sync(self._variables(self._teacher_heads()))) if (
-            self.warmup_steps and self.resync_after_warmup) else None
+        phases = [Phase(0, self.warmup, frozenset(), None)] if self.warmup else []
+        warmup_end = self.warmup.on_end() if self.warmup else None
         for start in starts:
             frozen = frozenset(name for name, until in thaws.items() if until > start)
             phases.append(Phase(start, self, frozen,
-                                resync if start == self.warmup_steps else None))
+                                warmup_end if start == self.warmup_steps else None))
         return phases
 
     def frozen_until(self):
@@ -286,9 +280,6 @@ class Method(keras.Model):
         for tracker in self.diagnostic_trackers:
             if tracker.name in diagnostics:
                 tracker.update_state(diagnostics[tracker.name])
-
-    def warmup_diagnostics(self, query1, query2, key1, key2, bank):  # CaCo's MPP statistics
-        return {}
 
     def collapse(self, logs, epoch):
         """Why an epoch's logs show this method's known failure (``callbacks.is_collapsed``

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.bank_warmup import BankWarmup, warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.nets.backbones import build_mlp
 from caco_tf.settings import Setting, integer, number
@@ -32,6 +32,7 @@ class BYOL(Method):
                                     trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False),
     }
+    WARMUP = BankWarmup
     TEACHER = "momentum"
     HEADS = ("predictor",)
     PROJECTOR = dict(layers_count=2, bias=False)

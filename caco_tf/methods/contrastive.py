@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
+from caco_tf.methods.bank_warmup import BankWarmup
 from caco_tf.methods.base import Method
 from caco_tf.methods.memory_bank import MemoryBank
 from caco_tf.training import distribute
@@ -25,6 +26,7 @@ class ContrastiveMethod(Method):
     """
 
     TEACHER = "momentum"
+    WARMUP = BankWarmup            # CaCo's first epoch (the reference's), the others' if asked
     TEACHER_NAME = "key encoder"  # the paper's name for the family's momentum teacher
     BANK = False
     LEARNS_BANK = False

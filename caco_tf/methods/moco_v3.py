@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.bank_warmup import BankWarmup, warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.nets.backbones import build_mlp
 from caco_tf.training import distribute
@@ -35,6 +35,7 @@ class MoCoV3(Method):
                                     trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False),
     }
+    WARMUP = BankWarmup
     TEACHER = "momentum"
     HEADS = ("predictor",)
     DOCS_ROW = {"state": "–", "global batch": "the keys"}

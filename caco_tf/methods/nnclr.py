@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.bank_warmup import BankWarmup, warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.methods.state import Queue
 from caco_tf.nets.backbones import build_mlp
@@ -35,6 +35,7 @@ class NNCLR(Method):
                                     trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
+    WARMUP = BankWarmup
     HEADS = ("predictor",)
     DOCS_ROW = {"state": "support set", "global batch": "the predictions, the queue's writes"}
     PROJECTOR = dict(layers_count=3, last_batchnorm="affine")

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.bank_warmup import BankWarmup, warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.nets.backbones import build_mlp
 from caco_tf.settings import Setting, boolean, integer
@@ -31,6 +31,7 @@ class SimSiam(Method):
                              trained=True),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
+    WARMUP = BankWarmup
     TEACHER = "student"
     HEADS = ("predictor",)
     PROJECTOR = dict(layers_count=3, last_batchnorm="plain")

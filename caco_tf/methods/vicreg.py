@@ -3,7 +3,7 @@
 import keras
 
 from caco_tf import losses
-from caco_tf.methods.bank_warmup import warmup_settings
+from caco_tf.methods.bank_warmup import BankWarmup, warmup_settings
 from caco_tf.methods.base import Method
 from caco_tf.training import distribute
 from caco_tf.settings import Setting, number
@@ -28,6 +28,7 @@ class VICReg(Method):
         "covariance_weight": Setting(1.0, number(0.0), "nu, the covariance term's weight"),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
+    WARMUP = BankWarmup
     DOCS_ROW = {"state": "–", "global batch": "variance, covariance"}
     PROJECTOR = dict(layers_count=3)
 
