@@ -17,9 +17,10 @@ figures are cached in ``WORK/<budget tag>/cache.json`` and in the tracked copy
 another machine finished).  Re-running the same command skips what is cached, continues a killed
 training from its last epoch (train.py resumes) and rewrites the report from the cache.
 ``--report-only`` writes the report from what is cached so far; a partial report says so.
+``--tiny``: one tiny run of CaCo, kNN only (a temporary work folder and report, no tracked
+cache).
 """
 
-import argparse
 import datetime
 import hashlib
 import json
@@ -27,16 +28,20 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
+from caco_tf import METHODS, ConfigError, load_config  # noqa: E402
 
-import _report  # noqa: E402
-from caco_tf.training.config import METHODS, ConfigError, load_config  # noqa: E402
+REPO = _harness.ROOT
+# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
+# thread, beside the scripts that work in the test's own process.
+RUNS_IN_CHILD_PROCESSES = True
+
 
 # Table order: the paper's four ablation rows, then the two baselines.
 SETTINGS = ("none", "positive", "negative", "caco", "moco_v2", "simclr")
@@ -67,7 +72,7 @@ PAPER_NOTE = (
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__, output=False)
     parser.add_argument("--config", default=os.path.join(REPO, "configs", "mnist.yaml"),
                         help="the shared run config (default: configs/mnist.yaml)")
     parser.add_argument("--epochs", type=int, help="pre-training epochs (default: the config's)")
@@ -94,6 +99,8 @@ def parse_args(argv=None):
                         help="write the report from the cache, train nothing")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.settings, args.seeds, args.epochs, args.no_linear = "caco", 1, 1, True
     args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
@@ -168,9 +175,10 @@ def linear_available():
 TRACKED_CACHE = os.path.join(REPO, "benchmarks", "ablation_cache")
 
 
-def cache_paths(work, tag):
+def cache_paths(work, tag, tracked=True):
     """The work folder's cache and its tracked copy (the one that survives a lost machine)."""
-    return [os.path.join(work, "cache.json"), os.path.join(TRACKED_CACHE, f"{tag}.json")]
+    return [os.path.join(work, "cache.json")] + (
+        [os.path.join(TRACKED_CACHE, f"{tag}.json")] if tracked else [])
 
 
 def load_cache(paths):
@@ -217,7 +225,7 @@ def run_one(args, shared, setting, seed, run_dir, entry):
             start = time.time()
             run_logged(train_command(args, shared, setting, seed, run_dir), log)
             entry["train_seconds"] = round(time.time() - start, 1)
-            entry["machine"] = _report.cpu_model()
+            entry["machine"] = _harness.machine()
         with open(results_path) as handle:
             entry["knn_top1"] = json.load(handle)["knn_top1"]
     if not args.no_linear and linear_available() and "linear_top1" not in entry:
@@ -230,7 +238,7 @@ def run_one(args, shared, setting, seed, run_dir, entry):
 
 
 def run_all(args, shared, work, tag):
-    cache_path = cache_paths(work, tag)
+    cache_path = cache_paths(work, tag, tracked=not args.tiny)
     cache = load_cache(cache_path)
     failures = []
     for seed in range(args.seeds):  # seed-major: a partial experiment covers every setting
@@ -343,7 +351,7 @@ def partial_note(cache, settings, seeds, command):
             f"finishes the rest and rewrites this report.", ""]
 
 
-def write_report(args, cache, resolved, tag, path):
+def write_report(args, argv, cache, resolved, tag, path):
     settings, seeds = args.settings, args.seeds
     results = {"knn_top1": figures(cache, settings, seeds, "knn_top1"),
                "linear_top1": figures(cache, settings, seeds, "linear_top1")}
@@ -354,8 +362,7 @@ def write_report(args, cache, resolved, tag, path):
              if "train_seconds" in e and not e.get("resumed")]
     train, caco = resolved["train"], resolved["method"]["caco"]
     # The command that trains these runs: --report-only only rewrites this file.
-    command = " ".join(["python", "benchmarks/ablation.py"]
-                       + [arg for arg in sys.argv[1:] if arg != "--report-only"])
+    command = _harness.command_line(__file__, [a for a in argv if a != "--report-only"])
     lines = [
         "# Positives, negatives, or both? The paper's ablation on the offline MNIST split",
         "",
@@ -434,7 +441,17 @@ def write_report(args, cache, resolved, tag, path):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.tiny:
+            args.work_dir, args.output = scratch, os.path.join(scratch, "RESULTS.md")
+            args.set = [s for s in _harness.tiny_training(scratch)
+                        if not s.startswith("train.epochs=")] + args.set
+        return run(args, argv)
+
+
+def run(args, argv):
     try:
         shared, resolved, tag = budget(args)
     except ConfigError as error:
@@ -454,7 +471,7 @@ def main(argv=None):
         cache, failures = run_all(args, shared, work, tag)
     if args.dry_run:
         return 0
-    write_report(args, cache, resolved, tag, args.output)
+    write_report(args, argv, cache, resolved, tag, args.output)
     print(f"report: {os.path.abspath(args.output)} (cache: {work}/cache.json)")
     if failures:
         print(f"failed (re-run to retry): {', '.join(failures)}", file=sys.stderr)

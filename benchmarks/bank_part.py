@@ -3,7 +3,7 @@
     python benchmarks/bank_part.py                 # K = 4,096, 65,536, 262,144 -> BENCHMARKS.md
     python benchmarks/bank_part.py --sizes 1024,4096 --output /tmp/b.md
 
-The same functions ``step_time.py`` times inside its ResNet-50 processes (``CaCo.contrast``,
+The same functions ``step_time.py`` times inside its ResNet-50 processes (``CaCo.objective``,
 the step's own code for the MPPs, the loss and its gradient with respect to the queries and the
 bank's update, then the step's diagnostics), at batch B (2B stacked query and key rows) and
 D=256, without the encoders: a few minutes instead of an hour, so the growth in K can be checked
@@ -13,20 +13,14 @@ Goal (the performance issue): growth no worse than linear in K, i.e. from one K 
 time ratio over the K ratio is at most 1.
 """
 
-import argparse
 import os
 import statistics
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import _report  # noqa: E402
+import _harness  # noqa: E402
 import step_time  # noqa: E402
 
-BEGIN, END = "<!-- bank_part:begin -->", "<!-- bank_part:end -->"
 TITLE = "## Bank part against K (`benchmarks/bank_part.py`)"
 
 
@@ -34,16 +28,17 @@ def measure(args):
     import keras
     import tensorflow as tf
 
-    from caco_tf import build
-    from caco_tf.training import config as config_lib
+    from caco_tf import build_model, load_config
 
     rows = {}
     for size in args.sizes:
-        config = config_lib.load_config(os.path.join(ROOT, "configs", "mnist.yaml"), [
-            f"method.bank_size={size}", f"model.embedding_dim={args.dim}", "method.warmup_epochs=0",
-            f"train.batch_size={args.batch}"])
+        config = load_config(os.path.join(_harness.ROOT, "configs", "mnist.yaml"), [
+            f"method.caco.bank_size={size}", f"model.embedding_dim={args.dim}",
+            "method.caco.warmup_epochs=0", f"train.batch_size={args.batch}"]
+            + (["model.projector_hidden=32", "model.widths=[8, 16, 32, 64]"] if args.tiny
+               else []))
         keras.utils.set_random_seed(0)
-        model = build.build_model(config, step_time.STEPS_PER_EPOCH)
+        model = build_model(config, step_time.STEPS_PER_EPOCH)
         embeddings = [tf.math.l2_normalize(tf.random.stateless_normal(
             [args.batch, args.dim], seed=[seed, 3]), -1) for seed in range(4)]
         rows[size] = {
@@ -56,12 +51,11 @@ def measure(args):
     return rows
 
 
-def section(rows, args, argv):
-    lines = [BEGIN, _report.command_line("bank_part.py", argv), "",
-             f"{_report.cpu_count()} CPU cores; batch {args.batch} (so {2 * args.batch} query "
-             f"and {2 * args.batch} key rows), D={args.dim}, median of {args.steps} calls after "
-             f"{args.warmup}; `CaCo.contrast` ('algorithm') and the same plus "
-             "`CaCo._track` ('with diagnostics'), as timed inside `step_time.py`.", "",
+def section(rows, args):
+    lines = [f"Batch {args.batch} (so {2 * args.batch} query and {2 * args.batch} key rows), "
+             f"D={args.dim}, median of {args.steps} calls after {args.warmup}; "
+             "`CaCo.objective` ('algorithm') and the same plus `CaCo.track_diagnostics` ('with "
+             "diagnostics'), as timed inside `step_time.py`.", "",
              "| K | rows per tile | algorithm (ms) | with diagnostics (ms) | growth / K growth |",
              "|---:|---:|---:|---:|---:|"]
     linear, previous = True, None
@@ -75,24 +69,25 @@ def section(rows, args, argv):
         lines.append(f"| {size:,} | {row['tile_rows']:,} | {1e3 * row['algorithm']:.1f} "
                      f"| {1e3 * row['with_diagnostics']:.1f} | {growth} |")
         previous = size
-    lines += ["", f"Growth no worse than linear in K: {'met' if linear else '**missed**'}.", END]
-    return "\n".join(lines) + "\n"
+    return lines + ["", f"Growth no worse than linear in K: {'met' if linear else '**missed**'}."]
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--sizes", default="4096,65536,262144", help="bank sizes K")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.sizes, args.batch, args.dim, args.steps, args.warmup = "64,128", 4, 16, 1, 1
     args.sizes = sorted(int(s) for s in args.sizes.split(",") if s)
-    text = section(measure(args), args, argv)
-    _report.publish(text, args.output, BEGIN, END, TITLE)
+    lines = _harness.header(__file__, argv) + section(measure(args), args)
+    _harness.publish(args, "bank_part", TITLE, lines)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

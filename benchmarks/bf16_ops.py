@@ -23,14 +23,14 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
+# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
+# thread, beside the scripts that work in the test's own process.
+RUNS_IN_CHILD_PROCESSES = True
 
-BEGIN, END = "<!-- bf16_ops:begin -->", "<!-- bf16_ops:end -->"
 TITLE = "## Single ops in float32 and bfloat16 at ResNet-50's shapes (`benchmarks/bf16_ops.py`)"
-BATCH = 32
 # name -> (input height and width, input channels, output channels, kernel, stride)
 CONVOLUTIONS = {
     "conv 7x7/2 stem, 224 px, 3->64": (224, 3, 64, 7, 2),
@@ -39,12 +39,14 @@ CONVOLUTIONS = {
     "conv 3x3/2, 56 px, 128->128": (56, 128, 128, 3, 2),
     "conv 1x1/2 projection, 56 px, 256->512": (56, 256, 512, 1, 2),
 }
-ACTIVATION = (BATCH, 56, 56, 256)  # a residual block's output in stage 1
+ACTIVATION = (56, 56, 256)  # a residual block's output in stage 1
 
 
-def ops(dtype):
-    """{name: (callable, GFLOP or None)} of every op in ``dtype``."""
+def ops(dtype, batch):
+    """{name: (callable, GFLOP or None)} of every op in ``dtype`` at ``batch``."""
     import tensorflow as tf
+
+    activation = (batch,) + ACTIVATION
 
     def normal(shape):
         return tf.cast(tf.random.stateless_normal(shape, seed=[len(shape), 1]), dtype)
@@ -52,9 +54,9 @@ def ops(dtype):
     found = {}
     for name, (size, cin, cout, kernel, stride) in CONVOLUTIONS.items():
         out = -(-size // stride)
-        x, w = normal([BATCH, size, size, cin]), normal([kernel, kernel, cin, cout])
-        dy = normal([BATCH, out, out, cout])
-        gflop = 2 * BATCH * out * out * cin * cout * kernel * kernel / 1e9
+        x, w = normal([batch, size, size, cin]), normal([kernel, kernel, cin, cout])
+        dy = normal([batch, out, out, cout])
+        gflop = 2 * batch * out * out * cin * cout * kernel * kernel / 1e9
         strides = [1, stride, stride, 1]
         found[f"{name}: forward"] = (tf.function(
             lambda x=x, w=w, s=stride: tf.nn.conv2d(x, w, s, "SAME")), gflop)
@@ -66,9 +68,9 @@ def ops(dtype):
             lambda x=x, dy=dy, shape=w.shape, s=strides: tf.raw_ops.Conv2DBackpropFilter(
                 input=x, filter_sizes=list(shape), out_backprop=dy, strides=s,
                 padding="SAME")), gflop)
-    a, b = normal(ACTIVATION), normal(ACTIVATION)
+    a, b = normal(activation), normal(activation)
     scale, offset = tf.ones([ACTIVATION[-1]]), tf.zeros([ACTIVATION[-1]])
-    shape = "x".join(map(str, ACTIVATION))
+    shape = "x".join(map(str, activation))
 
     @tf.function
     def batchnorm_backward(x, dy):
@@ -90,30 +92,24 @@ def ops(dtype):
     return found
 
 
-def timed(rounds):
-    """{op: {dtype: median seconds}} with the dtypes in turn, round after round."""
+def timed(rounds, batch):
+    """{op: {dtype: median seconds}}, each op's two dtypes in turn, round after round."""
     import tensorflow as tf
 
-    both = {dtype.name: ops(dtype) for dtype in (tf.float32, tf.bfloat16)}
-    times = {name: {d: [] for d in both} for name in both["float32"]}
-    for index in range(rounds + 1):  # the first round traces and warms up
-        for name in times:
-            for dtype in (both if index % 2 == 0 else list(both)[::-1]):
-                function = both[dtype][name][0]
-                start = time.perf_counter()
-                function().numpy()
-                if index:
-                    times[name][dtype].append(time.perf_counter() - start)
-    gflop = {name: f for name, (_, f) in both["float32"].items()}
-    return {name: {d: statistics.median(v) for d, v in values.items()}
-            for name, values in times.items()}, gflop
+    both = {dtype.name: ops(dtype, batch) for dtype in (tf.float32, tf.bfloat16)}
+    medians = {}
+    for name in both["float32"]:
+        times = _harness.interleave({d: lambda d=d: both[d][name][0]().numpy() for d in both},
+                                    rounds)
+        medians[name] = {d: statistics.median(v) for d, v in times.items()}
+    return medians, {name: f for name, (_, f) in both["float32"].items()}
 
 
-def implementations():
+def implementations(batch):
     """{op: {dtype: oneDNN implementation(s)}}, from a child process with ONEDNN_VERBOSE=1."""
     env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="3")
-    output = subprocess.run([sys.executable, __file__, "--verbose-pass"], env=env,
-                            capture_output=True, text=True, check=True).stdout
+    output = subprocess.run([sys.executable, __file__, "--verbose-pass", "--batch", str(batch)],
+                            env=env, capture_output=True, text=True, check=True).stdout
     found, current = {}, None
     for line in output.splitlines():
         if line.startswith("@@ "):
@@ -127,12 +123,12 @@ def implementations():
     return found
 
 
-def verbose_pass():
+def verbose_pass(batch):
     """Each op once, after its warm-up, between markers (what ``implementations`` reads)."""
     import tensorflow as tf
 
     for dtype in (tf.float32, tf.bfloat16):
-        for name, (function, _) in ops(dtype).items():
+        for name, (function, _) in ops(dtype, batch).items():
             function()
             print("@@ " + json.dumps([name, dtype.name]), flush=True)
             function()
@@ -141,24 +137,23 @@ def verbose_pass():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--verbose-pass", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.verbose_pass:
-        return verbose_pass()
-    import tensorflow as tf
-
+        return verbose_pass(args.batch)
+    if args.tiny:
+        args.rounds, args.batch = 1, 1
     started = time.time()
-    medians, gflop = timed(args.rounds)
-    kernels = implementations()
-    lines = [BEGIN, _report.command_line("bf16_ops.py", argv), "",
-             f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; TensorFlow {tf.__version__}; "
-             f"batch {BATCH}, medians of {args.rounds} rounds; whole run "
-             f"{(time.time() - started) / 60:.0f} min.", "",
-             "| op | float32 ms | bfloat16 ms | float32 / bfloat16 | GFLOP/s f32 → bf16 "
-             "| oneDNN implementation, bfloat16 (float32) |", "|---|---:|---:|---:|---:|---|"]
+    medians, gflop = timed(args.rounds, args.batch)
+    kernels = implementations(args.batch)
+    lines = _harness.header(__file__, argv, (
+        f"Batch {args.batch}, medians of {args.rounds} rounds; whole run "
+        f"{(time.time() - started) / 60:.0f} min."))
+    lines += ["| op | float32 ms | bfloat16 ms | float32 / bfloat16 | GFLOP/s f32 → bf16 "
+              "| oneDNN implementation, bfloat16 (float32) |", "|---|---:|---:|---:|---:|---|"]
     for name, by_dtype in medians.items():
         f32, bf16 = by_dtype["float32"], by_dtype["bfloat16"]
         rate = (f"{gflop[name] / f32:.0f} → {gflop[name] / bf16:.0f}" if gflop[name] else "")
@@ -167,8 +162,9 @@ def main(argv=None):
         other = "; ".join(sorted(kernel.get("float32", ()))) or "none (Eigen)"
         lines.append(f"| {name} | {1e3 * f32:.1f} | {1e3 * bf16:.1f} | {f32 / bf16:.2f} | "
                      f"{rate} | {named} ({other}) |")
-    _report.publish("\n".join(lines + ["", END]) + "\n", args.output, BEGIN, END, TITLE)
+    _harness.publish(args, "bf16_ops", TITLE, lines)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,36 +9,29 @@ time that ``train.checkpoint_every_minutes`` costs, and how long a signal's save
 The run folder is a temporary folder on the disk that holds ``--dir`` (default: this checkout).
 """
 
-import argparse
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
-
-BEGIN, END = "<!-- checkpoint_cost:begin -->", "<!-- checkpoint_cost:end -->"
 TITLE = "## Resume checkpoints: size and cost (`benchmarks/checkpoint_cost.py`)"
 CONFIGS = (("offline default", "mnist.yaml"),
            ("ResNet-50, K = 65,536", "imagenet_resnet50_b256.yaml"))
 
 
-def measure(config_name, repeats, folder):
+def measure(config_name, repeats, folder, settings=()):
     import keras
 
-    from caco_tf import build
-    from caco_tf.training import config as config_lib
+    from caco_tf import build_model, load_config
     from caco_tf.training.run_folder import RunFolder
 
-    config = config_lib.load_config(os.path.join(ROOT, "configs", config_name))
+    config = load_config(os.path.join(_harness.ROOT, "configs", config_name), settings)
     keras.utils.set_random_seed(0)
-    model = build.build_model(config, steps_per_epoch=100)
+    model = build_model(config, steps_per_epoch=100)
     saves, restores = [], []
     with tempfile.TemporaryDirectory(dir=folder) as scratch:  # removed afterwards
         run = RunFolder(scratch)
@@ -57,11 +50,10 @@ def measure(config_name, repeats, folder):
             "restore": statistics.median(restores[1:])}
 
 
-def section(rows, args, argv):
+def section(rows, args):
     every = 10.0
-    lines = [BEGIN, _report.command_line("checkpoint_cost.py", argv),
-             "", f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; the run folder on the "
-             f"disk of `{args.dir}`; median of {args.repeats} saves and restores after one "
+    lines = [f"The run folder on the disk of `{args.dir}`; median of {args.repeats} saves and "
+             "restores after one "
              "of each. A save serializes the state in memory (weights, key encoder, bank, bank "
              "momentum, FIFO pointer, optimizer slots and step), writes and flushes it "
              "(`fsync`), computes its CRC-32, renames it into place and rewrites "
@@ -73,31 +65,34 @@ def section(rows, args, argv):
         lines.append(f"| {name} | {row['values']:,} | {row['bytes'] / 2 ** 20:,.1f} MiB | "
                      f"{row['save']:.2f} | {row['restore']:.2f} | "
                      f"{100 * row['save'] / (60 * every):.2f} % |")
-    lines += ["", "A signal (SIGTERM, SIGINT) costs one save after the step in progress: "
-              "within a preemption's 30 seconds when the step plus the save above fit in it.",
-              END]
-    return "\n".join(lines) + "\n"
+    return lines + ["", "A signal (SIGTERM, SIGINT) costs one save after the step in progress: "
+                    "within a preemption's 30 seconds when the step plus the save above fit in "
+                    "it."]
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default=tempfile.gettempdir(),
                         help="a folder on the disk to measure (a scratch run folder is made and "
                              "removed in it)")
     parser.add_argument("--only", default="", help="comma-separated config file names")
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    settings = []
+    if args.tiny:
+        args.repeats, args.only = 1, "mnist.yaml"
+        settings = ["model.widths=[8, 16, 32, 64]", "method.caco.bank_size=64"]
     rows = {}
     for name, config in CONFIGS:
         if args.only and config not in args.only.split(","):
             continue
-        rows[name] = measure(config, args.repeats, args.dir)
+        rows[name] = measure(config, args.repeats, args.dir, settings)
         print(name, rows[name], flush=True)
-    text = section(rows, args, argv)
-    _report.publish(text, args.output, BEGIN, END, TITLE)
+    _harness.publish(args, "checkpoint_cost", TITLE,
+                     _harness.header(__file__, argv) + section(rows, args))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,26 +24,30 @@ offline default's settings as the reference rows.
 Resumable, as benchmarks/ablation.py: every finished run is cached in
 ``WORK/cache.json`` and in the tracked ``benchmarks/comparison_cache.json``; re-running the
 same command skips what is cached and continues a killed training (train.py resumes).
+Every run's settings are checked first (``load_config``): a renamed key stops the script at
+once, not hours into its runs.  ``--tiny``: that check and the page's section from the tracked
+cache, into a temporary copy (its runs are ``train.py`` and ``caco-evaluate linear``, as
+benchmarks/ablation.py's, whose tiny mode trains one).
 """
 
-import argparse
 import datetime
 import json
 import math
 import os
 import re
 import sys
+import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import _report  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 from ablation import load_cache, run_logged, save_cache, summary  # noqa: E402
 
+REPO = _harness.ROOT
 CONFIG = os.path.join(REPO, "configs", "mnist.yaml")
 CACHE = os.path.join(REPO, "benchmarks", "comparison_cache.json")
-SEEDS = 3
+RESULTS = os.path.join(REPO, "docs", "results.md")
+TITLE = "## The comparison methods on the offline digits"
 # The budget every run shares beyond configs/mnist.yaml: the kNN monitor off (nothing reads it).
 SHARED = ["evaluation.knn_monitor_every=0"]
 
@@ -184,17 +188,25 @@ def screen_into(cache):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__, output=False)
     parser.add_argument("--stage", choices=("tune", "held-out", "all"), default="all")
     parser.add_argument("--methods", default=",".join(METHODS + tuple(REFERENCES)),
                         help=f"comma-separated subset of {','.join(METHODS + tuple(REFERENCES))}")
     parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS,
                         help="every run's epochs (5: tuned by the 5-epoch screen)")
     parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "comparison"))
-    parser.add_argument("--output", default=os.path.join(REPO, "docs", "results.md"),
-                        help="the page whose comparison section this rewrites")
+    parser.add_argument("--output", help="the page whose comparison section this rewrites "
+                        "(default: docs/results.md)")
+    parser.add_argument("--seeds", type=int, default=3, help="held-out seeds 0..N-1")
+    parser.add_argument("--set", action="append", default=[], help="passed to every train.py")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
+    per_run = ("method.name", "train.seed", "data.seed", "train.epochs", "data.source")
+    for assignment in args.set:
+        if assignment.split("=", 1)[0].strip() in per_run:
+            parser.error(f"--set {assignment}: {', '.join(per_run)} are set by this script")
+    if args.tiny:
+        args.report_only = True
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = set(args.methods) - set(METHODS) - set(REFERENCES)
     if unknown:
@@ -202,10 +214,23 @@ def parse_args(argv=None):
     return args
 
 
-def train_command(method, overrides, seed, data_source, run_dir, epochs):
-    settings = SHARED + [f"train.epochs={epochs}", f"method.name={method}",
-                         f"data.source={data_source}", f"train.seed={seed}",
-                         f"data.seed={seed}"] + overrides
+def run_settings(args, method, overrides, seed, data_source):
+    """The ``--set`` assignments of one run."""
+    return SHARED + [f"train.epochs={args.epochs}", f"method.name={method}",
+                     f"data.source={data_source}", f"train.seed={seed}",
+                     f"data.seed={seed}"] + overrides + args.set
+
+
+def check_settings(args):
+    """Every run's configuration loads (a key renamed since raises ``ConfigError`` here)."""
+    from caco_tf import load_config
+
+    for method in args.methods:
+        for overrides in trials(method, args.epochs):
+            load_config(CONFIG, run_settings(args, method, overrides, 0, "mnist"))
+
+
+def train_command(settings, run_dir):
     return ([sys.executable, os.path.join(REPO, "train.py"), "--config", CONFIG,
              "--run-dir", run_dir, "--quiet"] + [p for s in settings for p in ("--set", s)])
 
@@ -219,7 +244,7 @@ def run(cache, key, command, run_dir, linear=False):
         start = time.time()
         run_logged(command, log)
         entry["train_seconds"] = round(time.time() - start, 1)
-        entry["machine"] = _report.cpu_model()
+        entry["machine"] = _harness.machine()
         with open(os.path.join(run_dir, "results.json")) as handle:
             entry["knn_top1"] = json.load(handle)["knn_top1"]
         with open(os.path.join(run_dir, "history.json")) as handle:
@@ -251,6 +276,11 @@ def chosen_trial(cache, method, epochs):
 
 def run_all(args, cache, paths):
     work, epochs = args.work_dir, args.epochs
+
+    def command(method, trial, seed, data_source, run_dir):
+        return train_command(run_settings(args, method, trials(method, epochs)[trial], seed,
+                                          data_source), run_dir)
+
     if args.stage in ("tune", "all"):
         for trial in range(3):  # trial-major: a partial tuning covers every method
             for method in args.methods:
@@ -261,10 +291,8 @@ def run_all(args, cache, paths):
                     continue
                 print(f"{key}: training ...", flush=True)
                 try:
-                    run(cache, key, train_command(method, trials(method, epochs)[trial], 0,
-                                                  "mnist_validation", os.path.join(work, key),
-                                                  epochs),
-                        os.path.join(work, key))
+                    run(cache, key, command(method, trial, 0, "mnist_validation",
+                                            os.path.join(work, key)), os.path.join(work, key))
                     print(f"{key}: validation kNN {cache['runs'][key]['knn_top1']:.1f}%",
                           flush=True)
                 except RuntimeError as error:  # a trial that fails (a NaN loss) loses
@@ -272,7 +300,7 @@ def run_all(args, cache, paths):
                     print(f"{key}: failed, {error}", flush=True)
                 save_cache(cache, paths)
     if args.stage in ("held-out", "all"):
-        for seed in range(SEEDS):
+        for seed in range(args.seeds):
             for method in args.methods:
                 trial = chosen_trial(cache, method, epochs)
                 if trial is None:
@@ -283,9 +311,8 @@ def run_all(args, cache, paths):
                 if "knn_top1" in entry and "linear_top1" in entry:
                     continue
                 print(f"{key}: training (trial {trial}) ...", flush=True)
-                entry = run(cache, key, train_command(method, trials(method, epochs)[trial],
-                                                      seed, "mnist", os.path.join(work, key),
-                                                      epochs),
+                entry = run(cache, key, command(method, trial, seed, "mnist",
+                                                os.path.join(work, key)),
                             os.path.join(work, key), linear=True)
                 entry["trial"] = trial
                 save_cache(cache, paths)
@@ -315,13 +342,13 @@ def report(args, cache):
     tuned = (f"its own settings chosen on the validation split among the trials below (seed 0, "
              f"validation kNN top-1{', the 5-epoch screen' if epochs == 5 else ''})")
     lines = [
-        f"<!-- {marker(epochs)}:begin -->",
         f"Written by `{command}` on {datetime.date.today()}, measured on "
         f"{'; '.join(machines) or '(nothing yet)'}, no GPU; a seeded run repeats bit "
         "for bit on one CPU model only.  Every method: `configs/mnist.yaml`'s budget (small "
         "ConvNet with 2×2 grid pooling, projector 512 → 128, digit views, batch 16, SGD, "
         f"learning rate 0.03 unless its trial says otherwise) for {epochs} epochs = "
-        f"{steps:,} steps, {tuned}, then seeds 0–2 on the 4,000 training digits, measured "
+        f"{steps:,} steps, {tuned}, then seeds 0–{args.seeds - 1} on the 4,000 training "
+        "digits, measured "
         "once on the held-out 1,000: weighted kNN top-1 (k=5, T=0.07) and linear top-1 "
         "(`caco-evaluate linear`, its defaults).  CaCo runs the offline default, MoCo v2 with "
         "CaCo's bank size, temperature and key momentum (nothing chosen for either).  Mean ± "
@@ -335,7 +362,7 @@ def report(args, cache):
     ]
     for method in args.methods:
         trial = chosen_trial(cache, method, epochs)
-        seeds = [runs.get(f"{at}held-out/{method}/seed{s}", {}) for s in range(SEEDS)]
+        seeds = [runs.get(f"{at}held-out/{method}/seed{s}", {}) for s in range(args.seeds)]
         settings = (", ".join(trials(method, epochs)[trial]) if trial is not None
                     else "(tuning)")
         warned = sum(bool(e.get("collapse_warning")) for e in seeds if e)
@@ -361,35 +388,23 @@ def report(args, cache):
                       "failed" if "failed" in entry else "–")
             row.append(f"{figure} (`{shown}`)")
         lines.append(f"- {method}: " + "; ".join(row))
-    lines.append(f"<!-- {marker(epochs)}:end -->")
     return lines
-
-
-def publish(path, lines, name):
-    """Replace the section ``name`` of ``path`` (or append it)."""
-    text = open(path).read() if os.path.exists(path) else ""
-    block = "\n".join(lines)
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda m: block, text,
-                      flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    with open(path, "w") as handle:
-        handle.write(text)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    os.makedirs(args.work_dir, exist_ok=True)
-    paths = [os.path.join(args.work_dir, "cache.json"), CACHE]
-    cache = load_cache(paths)
-    if args.epochs == 5:
-        screen_into(cache)
-    if not args.report_only:
-        run_all(args, cache, paths)
-    publish(args.output, report(args, cache), marker(args.epochs))
-    print(f"report: {args.output}")
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.tiny:  # the tracked cache is read, never written
+            args.work_dir = scratch
+        paths = [os.path.join(args.work_dir, "cache.json"), CACHE]
+        check_settings(args)
+        os.makedirs(args.work_dir, exist_ok=True)
+        cache = load_cache(paths)
+        if args.epochs == 5:
+            screen_into(cache)
+        if not args.report_only:
+            run_all(args, cache, paths)
+    _harness.publish(args, marker(args.epochs), TITLE, report(args, cache), default=RESULTS)
     return 0
 
 

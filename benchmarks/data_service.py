@@ -15,8 +15,6 @@ figure: batches after the first of a fresh iterator (a fresh job), median over t
 Writes (or replaces) its section of BENCHMARKS.md (``--output``).
 """
 
-import argparse
-import datetime
 import os
 import signal
 import statistics
@@ -24,35 +22,29 @@ import subprocess
 import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import _report  # noqa: E402
+import _harness  # noqa: E402
 from input_pipeline import generate_jpegs, images_per_second  # noqa: E402
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from caco_tf import data  # noqa: E402
-from caco_tf.cli.data_service import free_port  # noqa: E402
-from caco_tf.data import augment, service  # noqa: E402
+# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
+# thread, beside the scripts that work in the test's own process.
+RUNS_IN_CHILD_PROCESSES = True
 
 TITLE = "## The input pipeline through tf.data service (`data.service`)"
-BEGIN, END = "<!-- data_service: begin -->", "<!-- data_service: end -->"
 
 
 def start_service(workers, logs):
     """A dispatcher and ``workers`` worker processes: (its address, the processes)."""
+    from caco_tf.cli.data_service import free_port
+
     port, processes = free_port(), []
 
     def start(*args):
         log = open(os.path.join(logs, f"{port}-{len(processes)}.log"), "w")
         process = subprocess.Popen(
             [sys.executable, "-m", "caco_tf.cli.data_service", *args], stdout=subprocess.PIPE,
-            stderr=log, text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+            stderr=log, text=True, env=dict(os.environ, PYTHONPATH=_harness.ROOT),
+            cwd=_harness.ROOT)
         processes.append(process)
         print(process.stdout.readline().strip(), flush=True)
 
@@ -63,67 +55,70 @@ def start_service(workers, logs):
     return f"127.0.0.1:{port}", processes
 
 
+def measure(paths, args, folder):
+    """{way: [images/s of each round]}: this process's pipeline and the services'."""
+    import numpy as np
+
+    from caco_tf import data
+    from caco_tf.data import augment, service
+
+    source = data.FileSource(np.asarray(paths))
+    clusters = {workers: start_service(workers, folder) for workers in args.workers}
+    try:
+        def make(address=None):
+            views = augment.AsymmetricViews(args.size)
+            if address is None:
+                return data.pretrain_dataset(source, args.batch, views, seed=0,
+                                             skipped=data.SkippedFiles())
+            return service.served_pretrain_dataset(source, args.batch, views, address,
+                                                   seed=0, skipped=data.SkippedFiles())
+
+        ways = {"this process": make}
+        for workers, (address, _) in clusters.items():
+            ways[f"service, {workers} worker{'s' if workers > 1 else ''}"] = (
+                lambda address=address: make(address))
+        return _harness.interleave(
+            {name: lambda way=way: images_per_second(way, args.batches, args.batch)
+             for name, way in ways.items()}, args.repeats, show="{:.1f}")
+    finally:
+        for _, processes in clusters.values():
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _harness.parser(__doc__)
     parser.add_argument("--images", type=int, default=200)
     parser.add_argument("--size", type=int, default=224, help="the views' side")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--note", default="", help="a line to add, e.g. about machine load")
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
-    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    args.workers = (1, 2)
+    if args.tiny:
+        args.images, args.size, args.batch, args.batches, args.repeats = 8, 32, 4, 1, 1
+        args.workers = (1,)
 
     with tempfile.TemporaryDirectory() as folder:
         paths = generate_jpegs(folder, args.images)
-        source = data.FileSource(np.asarray(paths))
-        clusters = {workers: start_service(workers, folder) for workers in (1, 2)}
-        try:
-            def make(address=None):
-                views = augment.AsymmetricViews(args.size)
-                if address is None:
-                    return data.pretrain_dataset(source, args.batch, views, seed=0,
-                                                 skipped=data.SkippedFiles())
-                return service.served_pretrain_dataset(source, args.batch, views, address,
-                                                       seed=0, skipped=data.SkippedFiles())
-
-            ways = {"this process": make}
-            for workers, (address, _) in clusters.items():
-                ways[f"service, {workers} worker{'s' if workers > 1 else ''}"] = (
-                    lambda address=address: make(address))
-            before = os.getloadavg()[0]
-            for way in ways.values():  # warm-up: tracing, thread pools, page cache
-                images_per_second(way, 1, args.batch)
-            rates = {name: [] for name in ways}
-            for round_ in range(args.repeats):
-                for name, way in ways.items():
-                    rates[name].append(images_per_second(way, args.batches, args.batch))
-                print(f"round {round_ + 1}: " + ", ".join(
-                    f"{name} {r[-1]:.1f}" for name, r in rates.items()), flush=True)
-            after = os.getloadavg()[0]
-        finally:
-            for _, processes in clusters.values():
-                for process in processes:
-                    process.send_signal(signal.SIGTERM)
-                    process.wait(30)
+        before = os.getloadavg()[0]
+        rates = measure(paths, args, folder)
+        after = os.getloadavg()[0]
     local = rates["this process"]
-    lines = [
-        BEGIN,
-        _report.command_line("data_service.py", argv) + f" — {datetime.date.today()}, "
-        f"{_report.cpu_model()}, TensorFlow {tf.__version__}, Keras {keras.__version__}.",
-        "",
+    lines = _harness.header(__file__, argv) + [
         f"{args.images} generated JPEGs (500×375 and 375×500), asymmetric views of "
         f"{args.size} px, batches of {args.batch}; images/second of the whole machine over "
         f"{args.batches} batches after the first of a fresh iterator (a fresh service job), "
-        f"median of {args.repeats} rounds, the three ways interleaved within each round. The "
+        f"median of {args.repeats} rounds, the ways interleaved within each round. The "
         f"service's workers run on this machine's cores too: the difference per batch is the "
-        f"service's own cost. Load average {before:.1f} before, {after:.1f} after.",
-    ]
+        f"service's own cost. Load average {before:.1f} before, {after:.1f} after.", ""]
     if args.note:
-        lines += ["", args.note]
-    lines += ["", "| way | images/s (median) | rounds | ms per batch | the service's cost per "
-                  "batch (ms, median of the rounds' differences) |", "|---|---:|---|---:|---:|"]
+        lines += [args.note, ""]
+    lines += ["| way | images/s (median) | rounds | ms per batch | the service's cost per "
+              "batch (ms, median of the rounds' differences) |", "|---|---:|---|---:|---:|"]
     for name, each in rates.items():
         cost = statistics.median(1e3 * args.batch * (1 / s - 1 / m)
                                  for s, m in zip(each, local))
@@ -131,8 +126,7 @@ def main(argv=None):
                      f"{', '.join(f'{r:.1f}' for r in each)} | "
                      f"{1e3 * args.batch / statistics.median(each):.0f} | "
                      f"{'' if name == 'this process' else f'{cost:.0f}'} |")
-    lines.append(END)
-    _report.publish("\n".join(lines) + "\n", args.output, BEGIN, END, TITLE)
+    _harness.publish(args, "data_service", TITLE, lines)
     return 0
 
 

@@ -7,21 +7,15 @@ interleaved round by round in one process.
     python benchmarks/decode_formats.py --images 256 --rounds 3 --output /tmp/d.md
 """
 
-import argparse
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
-
-BEGIN, END = "<!-- decode_formats:begin -->", "<!-- decode_formats:end -->"
 TITLE = "## JPEG folder: decoding with WebP, TIFF and EXIF support (`benchmarks/decode_formats.py`)"
 
 
@@ -48,7 +42,7 @@ def rate(tf, paths, decode, size):
     dataset = tf.data.Dataset.from_tensor_slices(paths).map(
         lambda path: resize_and_center_crop(to_unit_float(decode(tf.io.read_file(path)))[None],
                                             size)[0],
-        num_parallel_calls=_report.cpu_count()).batch(64).prefetch(2)
+        num_parallel_calls=_harness.cpu_count()).batch(64).prefetch(2)
     start = time.perf_counter()
     for _ in dataset:
         pass
@@ -57,12 +51,13 @@ def rate(tf, paths, decode, size):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.images, args.rounds, args.size = 8, 1, 32
 
     import tensorflow as tf
 
@@ -76,34 +71,31 @@ def main(argv=None):
     for rotated in (False, True):
         with tempfile.TemporaryDirectory() as folder:
             paths = make_jpegs(folder, args.images, rotated)
-            rates = {"plain": [], "file": []}
-            for decode in (plain, images.decode_file_rgb):
-                rate(tf, paths, decode, args.size)  # warm-up: the page cache and the traces
-            for _ in range(args.rounds):
-                rates["plain"].append(rate(tf, paths, plain, args.size))
-                rates["file"].append(rate(tf, paths, images.decode_file_rgb, args.size))
+            rates = _harness.interleave(
+                {"plain": lambda: rate(tf, paths, plain, args.size),
+                 "file": lambda: rate(tf, paths, images.decode_file_rgb, args.size)},
+                args.rounds)
         ratios = [f / p for f, p in zip(rates["file"], rates["plain"])]
         rows.append(f"| {'EXIF orientations 1-8 in turn' if rotated else 'upright (orientation 1)'}"
                     f" | {statistics.median(rates['plain']):.0f} | "
                     f"{statistics.median(rates['file']):.0f} | {statistics.median(ratios):.2f} "
                     f"({min(ratios):.2f}–{max(ratios):.2f}) |")
         print(rows[-1], flush=True)
-    text = "\n".join([
-        BEGIN, _report.command_line("decode_formats.py", argv),
-        "", f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; {args.images} JPEGs of "
-        f"500×375 (quality 90), read → decode → resize and crop to {args.size} → batches of "
-        f"64, `tf.data` map on as many threads as cores; {args.rounds} interleaved rounds after "
-        "one warm-up of "
-        "each. `tf.io.decode_image` reads JPEG, PNG, GIF, BMP and WebP and ignores EXIF; "
-        "`images.decode_file_rgb` adds TIFF (through Pillow, only for TIFF files) and turns "
-        "EXIF-rotated JPEGs upright (parsed in the graph).", "", *rows, "",
+    lines = _harness.header(__file__, argv) + [
+        f"{args.images} JPEGs of 500×375 (quality 90), read → decode → resize and crop to "
+        f"{args.size} → batches of 64, `tf.data` map on as many threads as cores; "
+        f"{args.rounds} rounds, the two in turn, after one warm-up round. `tf.io.decode_image` "
+        "reads JPEG, PNG, GIF, BMP and WebP and ignores EXIF; `images.decode_file_rgb` adds "
+        "TIFF (through Pillow, only for TIFF files) and turns EXIF-rotated JPEGs upright "
+        "(parsed in the graph).", "", *rows, "",
         "The upright row is what the added support costs a folder that needs none (the EXIF "
         "parse, the TIFF test, an identity transpose); the rotated row adds the rotations "
         "themselves, work that plain decoding skips by leaving the images sideways. Ratios "
         "below 1 are slower; this machine's speed swings between two levels from round to "
-        "round, hence the pairwise ratios.", END]) + "\n"
-    _report.publish(text, args.output, BEGIN, END, TITLE)
+        "round, hence the pairwise ratios."]
+    _harness.publish(args, "decode_formats", TITLE, lines)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

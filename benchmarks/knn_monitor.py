@@ -15,24 +15,20 @@ same model, measured here on the generated images' batch size).
 """
 
 import argparse
-import datetime
 import io
 import json
 import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
-
-BEGIN, END = "<!-- knn_monitor:begin -->", "<!-- knn_monitor:end -->"
 TITLE = "## The kNN monitor at scale (`benchmarks/knn_monitor.py`)"
-CLASSES, SIZE, HELD_OUT, PER_SHARD = 100, 16, 20_000, 50_000
+CLASSES, SIZE, PER_SHARD = 100, 16, 50_000
 
 
 def write_images(folder, count, seed):
@@ -72,12 +68,12 @@ def measure(train_glob, held_out_glob, unbounded, batch):
     from caco_tf import build, data
     from caco_tf.evaluation.monitor import knn_monitor
     from caco_tf.evaluation import knn
-    from caco_tf.training.config import load_config
+    from caco_tf import load_config
 
     config = load_config(None, [
         f"data.source=tfrecord:{train_glob}", f"data.held_out=tfrecord:{held_out_glob}",
         f"data.image_size={SIZE}", "data.channels=3", "data.views=asymmetric",
-        "model.projector_hidden=256", "model.embedding_dim=64", "method.bank_size=4096",
+        "model.projector_hidden=256", "model.embedding_dim=64", "method.caco.bank_size=4096",
         f"train.batch_size={batch}", "evaluation.batch_size=500"])
     train, held_out = build.load_data(config)
     views = build.build_views(config)
@@ -96,11 +92,12 @@ def measure(train_glob, held_out_glob, unbounded, batch):
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # GB
     # The same model's training step on the same images, for the monitor's share of an epoch.
-    dataset = data.pretrain_dataset(train, batch, views, seed=0, image_size=SIZE, channels=3)
-    model.fit(dataset.take(3), epochs=1, verbose=0)
-    times = []
-    iterator = iter(dataset.skip(3))
+    iterator = iter(data.pretrain_dataset(train, batch, views, seed=0, image_size=SIZE,
+                                          channels=3))
     function = model.make_train_function()
+    for _ in range(3):  # tracing, the pipeline's start
+        function(iterator)
+    times = []
     for _ in range(10):
         begin = time.perf_counter()
         function(iterator)
@@ -110,51 +107,59 @@ def measure(train_glob, held_out_glob, unbounded, batch):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _harness.parser(__doc__)
     parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--held-out", type=int, default=20_000, help="held-out images")
     parser.add_argument("--unbounded-limit", type=int, default=100000,
                         help="measure the unbounded monitor up to this many images")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--data", default=os.path.join(ROOT, "runs", "knn_monitor_data"))
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    parser.add_argument("--data", default=os.path.join(_harness.ROOT, "runs", "knn_monitor_data"))
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         train_glob, held_out_glob, unbounded, batch = args.child
         print(json.dumps(measure(train_glob, held_out_glob, unbounded == "1", int(batch))))
         return 0
-    sizes = [int(size) for size in args.sizes.split(",")]
-    started = time.time()
-    held_out = write_images(os.path.join(args.data, "held_out"), HELD_OUT, seed=99)
-    rows = []
-    for size in sizes:
-        images = write_images(os.path.join(args.data, f"train_{size}"), size, seed=size)
-        for unbounded in ([False, True] if size <= args.unbounded_limit else [False]):
-            output = subprocess.run(
-                [sys.executable, __file__, "--child", images, held_out, str(int(unbounded)),
-                 str(args.batch)], capture_output=True, text=True, check=True,
-                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")).stdout
-            row = json.loads(output.strip().splitlines()[-1])
-            row["unbounded"] = unbounded
-            rows.append(row)
-            print(row, flush=True)
-    text = section(rows, args, time.time() - started)
-    _report.write_section(text, args.output, BEGIN, END, TITLE)
-    print(text)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.tiny:
+            args.sizes, args.held_out, args.batch, args.data = "200", 100, 16, scratch
+            args.unbounded_limit = 0
+        rows = measure_sizes(args)
+    lines = _harness.header(__file__, argv) + section(rows, args)
+    _harness.publish(args, "knn_monitor", TITLE, lines)
     return 0
 
 
-def section(rows, args, seconds):
-    from caco_tf.training.config import DEFAULTS
+def measure_sizes(args):
+    """A row for each training-set size and monitor, each measured in its own process (in this
+    one with ``--tiny``)."""
+    held_out = write_images(os.path.join(args.data, f"held_out_{args.held_out}"), args.held_out,
+                            seed=99)
+    rows = []
+    for size in [int(size) for size in args.sizes.split(",")]:
+        images = write_images(os.path.join(args.data, f"train_{size}"), size, seed=size)
+        for unbounded in ([False, True] if size <= args.unbounded_limit else [False]):
+            if args.tiny:
+                row = measure(images, held_out, unbounded, args.batch)
+            else:
+                output = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--child", images, held_out,
+                     str(int(unbounded)), str(args.batch)], capture_output=True, text=True,
+                    check=True).stdout
+                row = json.loads(output.strip().splitlines()[-1])
+            row["unbounded"] = unbounded
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def section(rows, args):
+    from caco_tf import DEFAULTS
 
     settings = DEFAULTS["evaluation"]
-    lines = [BEGIN,
-             f"`python benchmarks/knn_monitor.py --sizes {args.sizes}` — "
-             f"{datetime.date.today()}, {_report.cpu_count()} CPU cores; whole run "
-             f"{seconds / 60:.0f} min.",
-             "",
-             f"Generated 16×16 RGB images of {CLASSES} classes in TFRecord shards (held-out: "
-             f"{HELD_OUT:,}); small ConvNet backbone; defaults `knn_train_images` "
+    lines = [f"Generated 16×16 RGB images of {CLASSES} classes in TFRecord shards (held-out: "
+             f"{args.held_out:,}); small ConvNet backbone; defaults `knn_train_images` "
              f"{settings['knn_train_images']:,}, `knn_test_images` "
              f"{settings['knn_test_images']:,}, `knn_monitor_k` 200, monitor every "
              f"{settings['knn_monitor_every']} epochs. One measurement per row, in its own "
@@ -172,8 +177,7 @@ def section(rows, args, seconds):
             f"| {row['images']:,} | {'every image (before)' if row['unbounded'] else 'bounded'} "
             f"| {row['seconds']:.1f} | {row['peak_gb']:.2f} | {epoch:.0f} | {100 * share:.1f} % "
             f"| {100 * share / settings['knn_monitor_every']:.2f} % |")
-    lines += ["", *imagenet_computation(settings), "", END]
-    return "\n".join(lines) + "\n"
+    return lines + ["", *imagenet_computation(settings)]
 
 
 def imagenet_computation(settings):

@@ -1,17 +1,20 @@
 """Generate an image folder laid out as ImageNet's, for trying "train on your own images":
 
-    python benchmarks/make_shapes.py OUT [--train 200] [--val 50] [--size 96] [--seed 0]
+    python benchmarks/make_shapes.py OUT [--train 200] [--val 50] [--size 96] [--seed 0] [--tiny]
 
 OUT/train/<class>/*.png and OUT/val/<class>/*.png: 10 classes of shapes (circle, square,
 triangle, star, cross, ring, diamond, hexagon, bar, chevron), each drawn at a random position,
 size, rotation and colour over a random colour gradient with noise, so that only the shape
 tells the class (the views' colour jitter and crops remove the rest).  Labels are for
-evaluation only.
+evaluation only.  ``--tiny``: two small images a class and split (into a temporary folder
+without OUT), a check that the script runs.
 """
 
 import argparse
 import math
 import os
+import sys
+import tempfile
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -83,15 +86,23 @@ def make(out, train=200, val=50, size=96, seed=0):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out")
+    parser.add_argument("out", nargs="?")
     parser.add_argument("--train", type=int, default=200, help="training images per class")
     parser.add_argument("--val", type=int, default=50, help="held-out images per class")
     parser.add_argument("--size", type=int, default=96)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="two 32 px images a class and split")
     args = parser.parse_args(argv)
-    make(args.out, args.train, args.val, args.size, args.seed)
-    print(f"images: {os.path.abspath(args.out)}")
+    if args.tiny:
+        args.train, args.val, args.size = 2, 2, 32
+    elif not args.out:
+        parser.error("OUT is required (the folder to write)")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = args.out or scratch
+        make(out, args.train, args.val, args.size, args.seed)
+        print(f"images: {os.path.abspath(out)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """Each method's train step against MoCo v2's, on the same encoder and batch, interleaved.
 
     python benchmarks/method_steps.py [--sets r50,offline,multicrop,dino_head] [--rounds 5]
-                                      [--output BENCHMARKS.md]
+                                      [--methods caco,swav,...] [--output BENCHMARKS.md]
 
 Sets, each timed in one process, one step of every model of the set in turn each round (the
 order reversed every other round, so a shared machine's drift slows all alike):
@@ -27,19 +27,14 @@ Each set writes its own table into BENCHMARKS.md (between the markers
 ``method_steps/<set>``), so that a set can be measured again alone.
 """
 
-import argparse
-import datetime
+import math
 import os
 import statistics
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import _report  # noqa: E402
+import _harness  # noqa: E402
 
 TITLE = "## Each method's step against MoCo v2's"
 METHODS = ("moco_v2", "caco", "simclr", "byol", "simsiam", "moco_v3", "nnclr", "swav", "dino",
@@ -50,45 +45,56 @@ R50 = ["data.source=mnist", "data.image_size=224", "data.channels=3", "data.view
        "train.steps_per_execution=1", "method.caco.warmup_epochs=0"]
 # The heads' widths of each method's ImageNet recipe (configs/*_imagenet_resnet50.yaml).
 R50_HEADS = {"simsiam": ["method.simsiam.predictor_hidden=512"]}
+# --tiny: CaCo's two-crop and multi-crop steps at the smallest sizes (a step's first trace
+# takes seconds: every method's would take minutes).
+TINY_SETTINGS = ["model.backbone=small_convnet", "model.widths=[8, 16, 32, 64]",
+                 "model.projector_hidden=32", "model.embedding_dim=16", "train.batch_size=4",
+                 "method.caco.bank_size=64"]
+LOCAL = {False: (96, 6), True: (16, 2)}  # the local crops' side and count (--tiny: True)
 
 
-def settings(set_name, method, variant=None):
+def settings(set_name, method, variant=None, tiny=False):
     """The configuration overrides of one model of a set."""
     if set_name == "offline":  # each method's offline recipe, its section in configs/mnist.yaml
-        return [f"method.name={method}", "train.steps_per_execution=1"]
+        return [f"method.name={method}", "train.steps_per_execution=1"] + (
+            TINY_SETTINGS if tiny else [])
     base = R50 + [f"method.name={method}"] + R50_HEADS.get(method, [])
     if set_name == "multicrop" and variant == "multi":
-        base += ["data.views=multicrop", "data.multicrop.local_crops=6"]
+        size, count = LOCAL[tiny]
+        base += ["data.views=multicrop", f"data.multicrop.local_crops={count}",
+                 f"data.multicrop.local_size={size}"]
     if set_name == "dino_head":
         base.append(f"method.dino.out_dim={65536 if variant == 'wide' else 4096}")
-    return base
+    return base + (TINY_SETTINGS + ["data.image_size=32"] if tiny else [])
 
 
-def models_of(set_name):
-    """[(label, method, variant)] of a set; the first is the reference."""
+def models_of(set_name, methods):
+    """[(label, method, variant)] of a set, of ``methods`` only; the first is the reference."""
     if set_name in ("r50", "offline"):
-        return [(m, m, None) for m in METHODS]
+        return [(m, m, None) for m in METHODS if m in methods]
     if set_name == "multicrop":
-        return [(f"{m}, {v}", m, v) for m in ("caco", "swav", "dino") for v in ("2×224", "multi")]
+        return [(f"{m}, {v}", m, v) for m in ("caco", "swav", "dino") if m in methods
+                for v in ("2 global crops", "multi")]
     return [("dino, K = 4,096", "dino", "narrow"), ("dino, K = 65,536", "dino", "wide")]
 
 
-def build(set_name, method, variant):
+def build(set_name, method, variant, tiny):
     """(model, a fixed batch of crops, its configuration) for one model of a set."""
     import keras
     import numpy as np
     import tensorflow as tf
 
-    from caco_tf import build as build_lib
-    from caco_tf.training.config import load_config
+    from caco_tf import build_model, load_config
 
-    config = load_config(os.path.join(ROOT, "configs", "mnist.yaml"),
-                         settings(set_name, method, variant))
+    config = load_config(os.path.join(_harness.ROOT, "configs", "mnist.yaml"),
+                         settings(set_name, method, variant, tiny))
     keras.utils.set_random_seed(0)
-    model = build_lib.build_model(config, steps_per_epoch=1000)
+    model = build_model(config, steps_per_epoch=1000)
     size, channels = config["data"]["image_size"], config["data"]["channels"]
     batch = config["train"]["batch_size"]
-    sizes = [size] * 2 + ([96] * 6 if variant == "multi" else [])
+    local = config["data"]["multicrop"]
+    sizes = [size] * 2 + ([local["local_size"]] * local["local_crops"] if variant == "multi"
+                          else [])
     rng = np.random.default_rng(0)
     crops = tuple(tf.constant(rng.normal(size=(batch, s, s, channels)).astype("float32"))
                   for s in sizes)
@@ -114,7 +120,6 @@ def step_flops(model, crops, config):
         return profiling.forward_flops(fixed) + profiling.forward_flops(model.projector)
 
     import keras
-    import math
 
     def head(layer):  # a functional head, or one layer called outside a graph (prototypes)
         return (profiling.forward_flops(layer) if isinstance(layer, keras.Model)
@@ -137,34 +142,24 @@ def step_flops(model, crops, config):
     return batch * (3 * student + teacher) + 2 * 2 * batch * rows * dim
 
 
-def measure(set_name, rounds):
+def measure(set_name, args):
     import tensorflow as tf
 
-    chosen = models_of(set_name)
-    runs = []
-    for label, method, variant in chosen:
-        model, crops, config = build(set_name, method, variant)
+    runs, flops = {}, {}
+    for label, method, variant in models_of(set_name, args.methods.split(",")):
+        model, crops, config = build(set_name, method, variant, args.tiny)
         function = model.make_train_function()
         batch = [crops]
         function(batch)  # traces (and compiles)
-        function(batch)
-        runs.append(dict(label=label, model=model, run=lambda f=function, b=batch: f(b),
-                         flops=step_flops(model, crops, config), times=[]))
-    ratios = {run["label"]: [] for run in runs}
-    for index in range(rounds):
-        order = runs if index % 2 == 0 else runs[::-1]
-        for run in order:
-            start = time.perf_counter()
-            logs = run["run"]()
-            tf.nest.map_structure(lambda t: t.numpy(), logs)  # wait for the step
-            run["times"].append(time.perf_counter() - start)
-        for run in runs:
-            ratios[run["label"]].append(run["times"][-1] / runs[0]["times"][-1])
-    reference = runs[0]
-    return [dict(label=run["label"], ms=1000 * statistics.median(run["times"]),
-                 ratio=statistics.median(ratios[run["label"]]),
-                 flops_ratio=run["flops"] / reference["flops"], gflops=run["flops"] / 1e9)
-            for run in runs]
+        runs[label] = lambda f=function, b=batch: tf.nest.map_structure(
+            lambda t: t.numpy(), f(b))  # fetching the logs waits for the step
+        flops[label] = step_flops(model, crops, config)
+    times = _harness.interleave(runs, args.rounds)
+    reference = next(iter(runs))
+    return [dict(label=label, ms=1000 * statistics.median(times[label]),
+                 ratio=statistics.median(t / r for t, r in zip(times[label], times[reference])),
+                 flops_ratio=flops[label] / flops[reference], gflops=flops[label] / 1e9)
+            for label in runs]
 
 
 def table(set_name, rows, reference):
@@ -179,35 +174,32 @@ def table(set_name, rows, reference):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _harness.parser(__doc__)
     parser.add_argument("--sets", default="r50,offline,multicrop,dino_head")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="the methods of the r50, offline and multicrop sets")
     args = parser.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
+    if args.tiny:
+        args.sets, args.rounds, args.methods = "multicrop", 1, "caco"
     references = {"r50": "moco_v2", "offline": "moco_v2", "multicrop": "the first row",
                   "dino_head": "K = 4,096"}
     for set_name in args.sets.split(","):
         start = time.time()
-        rows = measure(set_name, args.rounds)
+        rows = measure(set_name, args)
         if set_name == "multicrop":  # each method against its own two-crop step
             for two, multi in zip(rows[::2], rows[1::2]):
                 multi["ratio"] /= two["ratio"]
                 multi["flops_ratio"] /= two["flops_ratio"]
                 two["ratio"] = two["flops_ratio"] = 1.0
-        begin, end = set_markers(set_name)
-        lines = [begin, _report.command_line("method_steps.py", argv)
-                 + f"; {datetime.date.today()}, {_report.cpu_model()}, no GPU, float32.", ""]
-        lines += table(set_name, rows, references[set_name]) + [""]
         minutes = round((time.time() - start) / 60)
-        lines += [f"Took {minutes} minute{'s' if minutes != 1 else ''}.", end, ""]
+        lines = _harness.header(__file__, argv, "No GPU, float32.")
+        lines += table(set_name, rows, references[set_name])
+        lines += ["", f"Took {minutes} minute{'s' if minutes != 1 else ''}."]
         # Each set replaces its own table, inside the section, so that one set can run alone.
-        _report.publish("\n".join(lines), args.output, begin, end, f"{TITLE}: {set_name}")
+        _harness.publish(args, f"method_steps/{set_name}", f"{TITLE}: {set_name}", lines)
     return 0
-
-
-def set_markers(set_name):
-    return f"<!-- method_steps/{set_name}: begin -->", f"<!-- method_steps/{set_name}: end -->"
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ revision, the health monitor's ranks, which may differ in their last digits), an
 results.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -24,19 +23,18 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
+ROOT = _harness.ROOT
+# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
+# thread, beside the scripts that work in the test's own process.
+RUNS_IN_CHILD_PROCESSES = True
 
 SECTIONS = {
-    "per_call": ("<!-- offline_wall_time:begin -->", "<!-- offline_wall_time:end -->",
+    "per_call": ("offline_wall_time",
                  "## The offline default's wall time (`benchmarks/offline_wall_time.py`)"),
-    "against": ("<!-- offline_wall_time_against:begin -->",
-                "<!-- offline_wall_time_against:end -->",
+    "against": ("offline_wall_time_against",
                 "## The offline default's wall time against an earlier revision "
                 "(`benchmarks/offline_wall_time.py --against REV`)"),
 }
@@ -59,6 +57,8 @@ def one_run(checkout, settings, run_dir):
 
 def same_training(first, second, ignored=()):
     """Whether two run folders hold the same final weights, history and kNN result."""
+    import numpy as np
+
     from caco_tf.training.run_folder import weight_arrays
 
     a, b = (weight_arrays(os.path.join(d, "checkpoints", "last.weights.h5"))
@@ -90,26 +90,29 @@ def worktree(revision, folder):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--per-call", type=int, default=10)
     parser.add_argument("--against", metavar="REV", help="compare this tree's default with "
                         "REV's (a commit, tag or branch) instead of one against N steps a call")
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    parser.add_argument("--set", action="append", default=[], help="passed to every train.py")
     args = parser.parse_args(argv)
-    begin, end, title = SECTIONS["against" if args.against else "per_call"]
+    name, title = SECTIONS["against" if args.against else "per_call"]
     times, checks = {}, []
     with tempfile.TemporaryDirectory() as folder:
+        if args.tiny:
+            args.rounds, args.per_call = 1, 2
+            args.set = _harness.tiny_training(folder) + args.set
         if args.against:
             revision = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.against],
                                       capture_output=True, text=True, check=True).stdout.strip()
             head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                   capture_output=True, text=True, check=True).stdout.strip()
-            variants = {f"{revision} (before)": (worktree(args.against, folder), []),
-                        f"{head} (this tree)": (ROOT, [])}
+            variants = {f"{revision} (before)": (worktree(args.against, folder), args.set),
+                        f"{head} (this tree)": (ROOT, args.set)}
             ignored = RANKS
         else:
-            variants = {f"{n} per call": (ROOT, [f"train.steps_per_execution={n}"])
+            variants = {f"{n} per call": (ROOT, args.set + [f"train.steps_per_execution={n}"])
                         for n in (1, args.per_call)}
             ignored = ()
         labels = list(variants)
@@ -131,19 +134,20 @@ def main(argv=None):
     rows += [f"| {label} | {statistics.median(times[label]):.0f} | "
              f"{', '.join(f'{t:.0f}' for t in times[label])} |" for label in labels]
     compared = "but wall-clock columns" + (" and ranks" if ignored else "")
-    text = "\n".join([
-        begin, _report.command_line("offline_wall_time.py", argv), "",
-        f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; `python train.py` (the offline "
-        f"default, start to exit), {args.rounds} rounds, the two in turn.", "",
+    lines = _harness.header(__file__, argv) + [
+        "`python train.py` (the offline default, start to exit"
+        + "".join(f", `--set {s}`" for s in args.set) + f"), {args.rounds} rounds, the two "
+        "in turn.", "",
         *rows, "",
         f"Ratio of the medians: {second / first:.2f} ({first / second:.2f}x faster: "
         f"{labels[1]} against {labels[0]}). Same training: final weights "
         f"{'identical' if weights else 'DIFFERENT'}, histories {compared} "
         f"{'identical' if histories else 'DIFFERENT'}, kNN top-1 "
         f"{', '.join(f'{a:.1f} / {b:.1f} %' for _, _, (a, b) in checks)} ({labels[0]} / "
-        f"{labels[1]}, each round).", end]) + "\n"
-    _report.publish(text, args.output, begin, end, title)
+        f"{labels[1]}, each round)."]
+    _harness.publish(args, name, title, lines)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,8 +23,8 @@ into (XLA's own CPU kernels).  ``--no-xla-for r50`` leaves XLA out for a configu
 ResNet-50 step under XLA takes tens of seconds on two cores, its compilation minutes).
 """
 
-import argparse
 import collections
+import functools
 import glob
 import os
 import statistics
@@ -32,17 +32,13 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import _report  # noqa: E402
+import _harness  # noqa: E402
 import step_profile  # noqa: E402
 
-BEGIN, END = "<!-- op_profile:begin -->", "<!-- op_profile:end -->"
 TITLE = "## The step by kind of op, float32 and bfloat16 (`benchmarks/op_profile.py`)"
 NO_XLA = ["train.jit_compile=false"]
-R50 = ["train.batch_size=32", "method.bank_size=65536"] + NO_XLA
+R50 = ["train.batch_size=32", "method.caco.bank_size=65536"] + NO_XLA
 CONFIGS = {  # name -> (config file, settings)
     "offline": (step_profile.MNIST, NO_XLA),
     "r50": (step_profile.R50, R50),
@@ -120,53 +116,44 @@ def op_times(trace_dir, steps):
     return times
 
 
-def compiled_step(name, precision, xla=False):
+@functools.lru_cache(maxsize=None)  # a variant's model, built once for all its tables
+def compiled_step(name, precision, xla=False, tiny=False):
     """A callable running one compiled step of a configuration (built, traced, warmed up)."""
-    import tensorflow as tf
-
-    from caco_tf.training import steps as steps_lib
-
     path, settings = CONFIGS[name]
     variant = f"{name}_{precision}{'_xla' if xla else ''}"
     step_profile.CONFIGS[variant] = (path, settings + (XLA if xla else []), precision)
-    _, model, views = step_profile.build(variant)
-    one_step = steps_lib.TrainFunction(model, model.warmup_step, model.train_step,
-                                       0).one_step[False]
+    _, model, views = step_profile.build(variant, tiny)
+    one_step = model.make_train_function().one_step[-1]
 
     def run():
-        for tensor in tf.nest.flatten(one_step([views])):
-            if hasattr(tensor, "numpy"):
-                tensor.numpy()
+        step_profile.wait(one_step([views]))
 
-    for _ in range(2):
+    for _ in range(1 if tiny else 2):
         run()
     return run
 
 
-def wall_times(name, rounds, xla=True):
+def wall_times(name, args, xla=True):
     """{(precision, XLA): median ms of the compiled step}, the variants stepped in turn."""
-    runs = {(p, x): compiled_step(name, p, x)
+    runs = {(p, x): compiled_step(name, p, x, args.tiny)
             for p in PRECISIONS for x in ((False, True) if xla else (False,))}
-    return {key: 1e3 * seconds for key, seconds in step_profile.round_robin(
+    rounds = args.rounds or ROUNDS[name]
+    return {key: 1e3 * statistics.median(seconds) for key, seconds in _harness.interleave(
         runs, rounds, warmup=0).items()}
 
 
-def profile(name, precision, steps):
+def profile(name, precision, args):
     """(op ms by type, the step's wall ms without the profiler) of one configuration."""
     import tensorflow as tf
 
-    run = compiled_step(name, precision)
-    walls = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        run()
-        walls.append(time.perf_counter() - start)
+    run = compiled_step(name, precision, tiny=args.tiny)
+    walls = _harness.interleave({"step": run}, args.steps, warmup=0)["step"]
     with tempfile.TemporaryDirectory() as trace_dir:
         tf.profiler.experimental.start(trace_dir)
-        for _ in range(steps):
+        for _ in range(args.steps):
             run()
         tf.profiler.experimental.stop()
-        return op_times(trace_dir, steps), 1e3 * statistics.median(walls)
+        return op_times(trace_dir, args.steps), 1e3 * statistics.median(walls)
 
 
 def table(name, results):
@@ -201,7 +188,7 @@ def table(name, results):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--only", default="r50,offline", help="configurations, comma-separated: "
                         + ", ".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=3, help="profiled (and timed) steps")
@@ -209,15 +196,16 @@ def main(argv=None):
                         + ", ".join(f"{n} {r}" for n, r in ROUNDS.items()) + ")")
     parser.add_argument("--no-xla-for", default="", help="configurations whose wall-time "
                         "table leaves XLA out, comma-separated")
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.only, args.steps, args.rounds, args.no_xla_for = "offline", 1, 1, "offline"
     started = time.time()
     body = []
     for name in args.only.split(","):
-        results = {p: profile(name, p, args.steps) for p in PRECISIONS}
+        results = {p: profile(name, p, args) for p in PRECISIONS}
         rows = table(name, results)
         rounds = args.rounds or ROUNDS[name]
-        walls = wall_times(name, rounds, xla=name not in args.no_xla_for.split(","))
+        walls = wall_times(name, args, xla=name not in args.no_xla_for.split(","))
         rows += ["", f"**{name}**, the compiled step's wall time (ms, median of {rounds} "
                  "rounds, the variants in turn):", "", "| precision | no XLA | XLA |",
                  "|---|---:|---:|"]
@@ -226,15 +214,12 @@ def main(argv=None):
                  for p in PRECISIONS]
         print("\n".join(rows), flush=True)
         body += rows + [""]
-    import keras
-    import tensorflow as tf
-
-    lines = [BEGIN, _report.command_line("op_profile.py", argv), "",
-             f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; TensorFlow {tf.__version__}, "
-             f"Keras {keras.__version__}; {args.steps} profiled steps a configuration; whole run "
-             f"{(time.time() - started) / 60:.0f} min.", ""]
-    _report.publish("\n".join(lines + body + [END]) + "\n", args.output, BEGIN, END, TITLE)
+    lines = _harness.header(__file__, argv, (
+        f"{args.steps} profiled steps a configuration; whole run "
+        f"{(time.time() - started) / 60:.0f} min."))
+    _harness.publish(args, "op_profile", TITLE, lines + body[:-1])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,7 +11,6 @@ the rest is what is left.
     python benchmarks/outside_steps.py --set train.epochs=4 --output /tmp/o.md
 """
 
-import argparse
 import atexit
 import collections
 import json
@@ -22,19 +21,19 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
+# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
+# thread, beside the scripts that work in the test's own process.
+RUNS_IN_CHILD_PROCESSES = True
 
-BEGIN, END = "<!-- outside_steps:begin -->", "<!-- outside_steps:end -->"
 TITLE = "## A run's time outside its steps (`benchmarks/outside_steps.py`)"
 
 
 def child(record, argv):
     """``train.py argv`` with its epoch-end callbacks and end-of-run calls timed into the JSON
     file ``record`` at exit."""
-    sys.path.insert(0, ROOT)
     launched = time.perf_counter()
     import keras
 
@@ -109,11 +108,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         return child(argv[1], argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--set", action="append", default=[], help="passed to train.py")
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
+        if args.tiny:
+            args.set = _harness.tiny_training(folder) + args.set
         run_dir, record = os.path.join(folder, "run"), os.path.join(folder, "record.json")
         command = [sys.executable, os.path.abspath(__file__), "--child", record, "--quiet",
                    "--run-dir", run_dir] + [w for s in args.set for w in ("--set", s)]
@@ -156,32 +156,31 @@ def main(argv=None):
                  inside["exit"] - marks["fit_end"] - sum(spent.get(p, 0.0) for p in end_parts)))
     rows.append(("process launch to the interpreter, and its exit", wall - inside["exit"]))
     outside = wall - (steps - compiling)
-    lines = [f"| {what} | {seconds:.1f} | {100 * seconds / wall:.1f} % |"
+    table = [f"| {what} | {seconds:.1f} | {100 * seconds / wall:.1f} % |"
              for what, seconds in rows]
-    sys.path.insert(0, ROOT)
+    from caco_tf import load_config
     from caco_tf.cli.train import DEFAULT_CONFIG
-    from caco_tf.training.config import load_config
 
     full = load_config(DEFAULT_CONFIG, [])["train"]["epochs"]  # the offline default's
     per_epoch = (in_fit - steps - setup - teardown) / epochs
     once = outside - per_epoch * epochs
     command = " ".join(["python train.py"] + [f"--set {s}" for s in args.set])
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    text = "\n".join([
-        BEGIN, _report.command_line("outside_steps.py", argv), "",
-        f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; `{command}` (the offline default"
+    lines = _harness.header(__file__, argv) + [
+        f"`{command}` (the offline default"
         f"{' with those changes' if args.set else ''}), run once; its wall time {wall:.1f} s; "
         f"load average at its end {load} (a machine running other work: compare shares, "
         f"not seconds, with other sections).", "",
-        "| part | seconds | share |", "|---|---:|---:|", *lines,
+        "| part | seconds | share |", "|---|---:|---:|", *table,
         f"| **outside the steps** (all but the steps' own) | **{outside:.1f}** | "
         f"**{100 * outside / wall:.1f} %** |", "",
         f"Outside the steps, {once:.1f} s are paid once a run (start, compilation, end) and "
         f"{per_epoch:.2f} s at each epoch's end; over the offline default's {full} epochs "
         f"that is {once + full * per_epoch:.0f} s beside its steps' "
-        f"{full * steps_per_epoch * usual / 1000:.0f} s at this run's median step.", END]) + "\n"
-    _report.publish(text, args.output, BEGIN, END, TITLE)
+        f"{full * steps_per_epoch * usual / 1000:.0f} s at this run's median step."]
+    _harness.publish(args, "outside_steps", TITLE, lines)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

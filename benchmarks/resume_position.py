@@ -11,7 +11,6 @@ read, from the disk or the page cache) over the stream's start.
     python benchmarks/resume_position.py --images 20000 --repeats 3 --output /tmp/r.md
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -21,14 +20,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
-
-BEGIN, END = "<!-- resume_position:begin -->", "<!-- resume_position:end -->"
 TITLE = "## A resume's way to its place in the epoch (`benchmarks/resume_position.py`)"
-BATCH, SIZE = 256, 64  # a batch of the ImageNet configurations; 64×64 views of 96×96 JPEGs
 
 
 def make_folder(folder, count):
@@ -50,40 +45,45 @@ def rchar():
         return int(next(line for line in handle if line.startswith("rchar:")).split()[1])
 
 
-def child(folder, fraction, recorded):
-    """In a fresh process: the resumed stream's first batch; prints a JSON line."""
+def resumed_stream(folder, fraction, recorded, batch, size):
+    """The resumed stream's first batch: {its seconds and bytes read, the step, the steps}."""
     from caco_tf import data
     from caco_tf.data import augment
 
     source = data.folder_source(folder)
-    steps = len(source) // BATCH
+    steps = len(source) // batch
     first_step = int(round(fraction * steps))
-    place = [{"items": first_step * BATCH, "bad": []}] if recorded else None
-    views = augment.AsymmetricViews(SIZE, 3)
+    place = [{"items": first_step * batch, "bad": []}] if recorded else None
+    views = augment.AsymmetricViews(size, 3)
     start, read = time.perf_counter(), rchar()
-    stream = data.pretrain_dataset(source, BATCH, views, seed=0, first_epoch=3,
+    stream = data.pretrain_dataset(source, batch, views, seed=0, first_epoch=3,
                                    first_step=first_step, steps_per_epoch=steps,
                                    resume_at=place)
     next(iter(stream))
-    print(json.dumps({"stream_s": time.perf_counter() - start, "bytes": rchar() - read,
-                      "step": first_step, "steps": steps}), flush=True)
+    return {"stream_s": time.perf_counter() - start, "bytes": rchar() - read,
+            "step": first_step, "steps": steps}
 
 
-def measure(folder, fraction, recorded):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def measure(folder, fraction, recorded, args):
+    """A resume's first batch in a fresh process (in this one with ``--tiny``)."""
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", folder,
-                             str(fraction), str(int(recorded))], env=env, capture_output=True,
-                            text=True, check=True, timeout=3600)
-    row = json.loads(result.stdout.strip().splitlines()[-1])
+    if args.tiny:
+        row = resumed_stream(folder, fraction, recorded, args.batch, args.size)
+    else:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="",
+                   PYTHONPATH=_harness.ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        result = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", folder,
+                                 str(fraction), str(int(recorded)), str(args.batch),
+                                 str(args.size)], env=env,
+                                capture_output=True, text=True, check=True, timeout=3600)
+        row = json.loads(result.stdout.strip().splitlines()[-1])
     row["launch_s"] = time.perf_counter() - start
     return row
 
 
-def section(rows, argv, images, size, repeats, notes=()):
-    """The BENCHMARKS.md section of ``rows`` ({(fraction, recorded): [measurements]}), with
-    ``notes`` (paragraphs) at its end."""
+def section(rows, args, size):
+    """The section's lines of ``rows`` ({(fraction, recorded): [measurements]}) on a folder of
+    ``size`` bytes."""
     def median(key, what):
         return statistics.median(row[what] for row in rows[key])
 
@@ -99,12 +99,11 @@ def section(rows, argv, images, size, repeats, notes=()):
                 f"| {fraction:.0%} (step {rows[key][0]['step']} of {rows[key][0]['steps']}) | "
                 f"{way} | {median(key, 'launch_s'):.1f} | {median(key, 'stream_s'):.1f} | "
                 f"{median(key, 'bytes') / 2**20:,.1f} |")
-    return "\n".join([
-        BEGIN, _report.command_line("resume_position.py", argv), "",
-        f"{_report.cpu_model()}; {time.strftime('%Y-%m-%d')}; {images:,} JPEGs of "
-        f"96×96 (noise, {size / 2**20:.0f} MiB) in 100 class folders, batch {BATCH}, "
-        f"asymmetric views of {SIZE}×{SIZE}; a new process lists the folder, builds the stream "
-        f"resumed inside epoch 4 and takes its first batch; medians of {repeats}, the "
+    return [
+        f"{args.images:,} JPEGs of 96×96 (noise, {size / 2**20:.0f} MiB) in 100 class "
+        f"folders, batch {args.batch}, asymmetric views of {args.size}×{args.size}; a new "
+        f"process lists the folder, builds the stream resumed inside epoch 4 and takes its "
+        f"first batch; medians of {args.repeats}, the "
         f"ways interleaved.  Bytes: the process's `rchar` over the stream's start (page cache "
         f"included: the files were just written).", "",
         "| resumed at | the stream reaches its place | launch → first batch (s) | "
@@ -113,15 +112,20 @@ def section(rows, argv, images, size, repeats, notes=()):
         "From the recorded place the cost does not grow with the position: the stream skips "
         "the names of the items before it (no file is opened).  Reading them instead grows "
         "with the position: at 90 % of an ImageNet epoch (1.28 M files, ~140 GB) it read "
-        "~126 GB before the first step.", *notes, END]) + "\n"
+        "~126 GB before the first step."]
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        return child(argv[1], float(argv[2]), argv[3] == "1")
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        row = resumed_stream(argv[1], float(argv[2]), argv[3] == "1", int(argv[4]),
+                             int(argv[5]))
+        print(json.dumps(row), flush=True)
+        return 0
+    parser = _harness.parser(__doc__)
     parser.add_argument("--images", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=256, help="a batch of the ImageNet configs")
+    parser.add_argument("--size", type=int, default=64, help="the views' side (of 96 px JPEGs)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--fractions", default="0.1,0.9",
                         help="where in the epoch the resume starts (0: a run's start, for "
@@ -129,8 +133,9 @@ def main(argv=None):
     parser.add_argument("--ways", default="recorded,reading",
                         help="recorded (from the checkpoint's place), reading (the files before "
                         "it read and checked), or both")
-    parser.add_argument("--output", default=os.path.join(ROOT, "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.images, args.batch, args.fractions, args.size = 200, 8, "0.5", 32
     ways = [way == "recorded" for way in args.ways.split(",")]
     fractions = [float(fraction) for fraction in args.fractions.split(",")]
     folder = tempfile.mkdtemp(prefix="resume_position-")
@@ -145,15 +150,15 @@ def main(argv=None):
         for _ in range(args.repeats):  # interleaved: the machine's drift falls on all alike
             for fraction in fractions:
                 for recorded in ways:
-                    row = measure(folder, fraction, recorded)
+                    row = measure(folder, fraction, recorded, args)
                     print(fraction, recorded, row, flush=True)
                     rows.setdefault((fraction, recorded), []).append(row)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-    text = section(rows, argv, args.images, size, args.repeats)
-    _report.publish(text, args.output, BEGIN, END, TITLE)
+    lines = _harness.header(__file__, argv) + section(rows, args, size)
+    _harness.publish(args, "resume_position", TITLE, lines)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Train-step time of CaCo against MoCo v2, the learned bank's share, and how cost grows with K.
 
-    python benchmarks/step_time.py [--steps 20] [--warmup 2] [--only NAME,...] [--quick]
+    python benchmarks/step_time.py [--steps 20] [--warmup 2] [--only NAME,...] [--tiny]
                                    [--interleave] [--intra-op N] [--inter-op N] [--trace DIR]
                                    [--output PATH] [--note ...]
 
@@ -46,7 +46,7 @@ Also measured, in the same run and processes:
   second (counted analytically by ``caco_tf.profiling``) over that peak.
 
 Prints a Markdown section and writes it into BENCHMARKS.md between the ``step_time`` markers
-(``--quick``, tiny sizes for a smoke test, writes only with an explicit ``--output``).
+(``--tiny``: tiny sizes, one process; a check that the script runs).
 ``--trace DIR`` also writes a ``tf.profiler`` trace of two steps per configuration (TensorBoard's
 profile tab) after the timing.
 """
@@ -62,25 +62,19 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
 
-import _report  # noqa: E402
-
-# BENCHMARKS.md sections: (title, begin marker, end marker).  --interleave writes its own, and
-# an interleaved run of the offline default's configurations alone (m_*) a third, so that
-# re-measuring the XLA gain leaves the ResNet-50 rows in place.
-SECTIONS = {"separate": ("## Train-step time and the cost of the learned bank",
-                         "<!-- step_time: begin -->", "<!-- step_time: end -->"),
-            "interleaved": ("## Train-step time, configurations interleaved in one process",
-                            "<!-- step_time_interleaved: begin -->",
-                            "<!-- step_time_interleaved: end -->"),
-            "offline_default": ("## The offline default's step, with and without XLA "
-                                "(`benchmarks/step_time.py --interleave --only m_caco,m_caco_xla`)",
-                                "<!-- step_time_offline_default: begin -->",
-                                "<!-- step_time_offline_default: end -->")}
+ROOT = _harness.ROOT
+# BENCHMARKS.md sections: (name, title).  --interleave writes its own, and an interleaved run
+# of the offline default's configurations alone (m_*) a third, so that re-measuring the XLA
+# gain leaves the ResNet-50 rows in place.
+SECTIONS = {"separate": ("step_time", "## Train-step time and the cost of the learned bank"),
+            "interleaved": ("step_time_interleaved",
+                            "## Train-step time, configurations interleaved in one process"),
+            "offline_default": (
+                "step_time_offline_default", "## The offline default's step, with and without "
+                "XLA (`benchmarks/step_time.py --interleave --only m_caco,m_caco_xla`)")}
 RESULT = "STEP_TIME_RESULT "  # prefix of the child's JSON line on stdout
 R50 = os.path.join("configs", "imagenet_resnet50_b256.yaml")
 C18 = os.path.join("configs", "cifar10_resnet18.yaml")
@@ -104,7 +98,7 @@ CONFIGS = {
 
 
 def section_of(args):
-    """The (title, begin, end) of BENCHMARKS.md that this run writes."""
+    """The (name, title) of the BENCHMARKS.md section this run writes."""
     if not args.interleave:
         return SECTIONS["separate"]
     names = [n for n in args.only.split(",") if n] or list(CONFIGS)
@@ -114,11 +108,11 @@ def section_of(args):
 
 
 SCALING = ("r50_caco_k4096", "r50_caco", "r50_caco_k262144")  # increasing K
-# --quick: a tiny backbone, small images, batches and banks (K / 64), for smoke tests only.
-QUICK_SETTINGS = ("model.backbone=small_convnet", "data.image_size=16",
-                  "model.projector_hidden=64")
-QUICK_BATCH = {R50: 4, C18: 8, MNIST: 8}
-QUICK_BANK_DIVISOR = 64
+# --tiny: a tiny backbone, small images, batches and banks (K / 64).
+TINY_SETTINGS = ["model.backbone=small_convnet", "model.widths=[8, 16, 32, 64]",
+                 "model.projector_hidden=32", "model.embedding_dim=16"]
+TINY_BATCH = {R50: (4, ["data.image_size=32"]), C18: (8, []), MNIST: (8, [])}
+TINY_BANK_DIVISOR = 64
 
 
 # ---------------------------------------------------------------------------------- children
@@ -159,44 +153,53 @@ def current_rss_mb():
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def model_settings(name, quick):
+def model_settings(name, tiny):
     """(config file, ``--set`` style assignments, batch) of a configuration."""
     path, batch, method, bank, xla = CONFIGS[name]
-    settings = [f"method.name={method}", "method.warmup_epochs=0", f"train.jit_compile={xla}",
-                "model.sync_batchnorm=false"]
-    if quick:
-        batch = QUICK_BATCH[path]
-        bank = (bank or 16384) // QUICK_BANK_DIVISOR  # None: the CIFAR config's 16,384
-        settings += QUICK_SETTINGS
+    settings = [f"method.name={method}", f"method.{method}.warmup_epochs=0",
+                f"train.jit_compile={xla}", "model.sync_batchnorm=false",
+                "train.steps_per_execution=1"]
+    if tiny:
+        batch, size = TINY_BATCH[path]
+        bank = (bank or 16384) // TINY_BANK_DIVISOR  # None: the CIFAR config's 16,384
+        settings += TINY_SETTINGS + size
     settings.append(f"train.batch_size={batch}")
     if bank:
-        settings.append(f"method.bank_size={bank}")
+        settings.append(f"method.{method}.bank_size={bank}")
     return path, settings, batch
 
 
 def bank_functions(tf, model, jit):
-    """The bank part of the step as tf.functions of (query1, query2, key1, key2).
+    """The bank part of the step as tf.functions of (query1, query2, key1, key2), the step's
+    own code (``Method._step``) on queries [z¹; z²] and keys [k²; k¹]: for CaCo its
+    ``objective`` (the MPPs, the loss and its gradient with respect to the queries, the bank's
+    update), then the same plus the step's diagnostics (``track_diagnostics``); for MoCo v2 its
+    loss against the queue, its gradient and the FIFO write (``update_state``): "queue"."""
+    step = model.optimizer.iterations
 
-    The step's own ``contrast`` (step 2 of ``ContrastiveMethod.train_step``): for CaCo the
-    MPPs, the loss and its gradient with respect to the queries and the bank's update, then the
-    same plus the step's diagnostics (``_track``); for MoCo v2 its loss against the queue, its
-    gradient and the FIFO write ("queue").
-    """
-    def contrast(query1, query2, key1, key2):
-        result = model.contrast(tf.concat([query1, query2], 0), tf.concat([key2, key1], 0),
-                                model.optimizer.iterations)
-        return result.loss + tf.reduce_sum(result.query_gradient), result
+    def stacked(query1, query2, key1, key2):
+        return tf.concat([query1, query2], 0), tf.concat([key2, key1], 0)
 
-    def algorithm(query1, query2, key1, key2):
-        return contrast(query1, query2, key1, key2)[0]
+    def algorithm(*embeddings):
+        result = model.objective(*stacked(*embeddings), step)
+        return result.loss + tf.reduce_sum(result.gradients), result.diagnostics
 
-    def with_diagnostics(query1, query2, key1, key2):
-        value, result = contrast(query1, query2, key1, key2)
-        model._track(result, tf.constant(0.03))
+    def with_diagnostics(*embeddings):
+        value, diagnostics = algorithm(*embeddings)
+        model.track_diagnostics(diagnostics)
         return value
 
-    functions = ({"queue": algorithm} if model.method != "caco"
-                 else {"algorithm": algorithm, "with_diagnostics": with_diagnostics})
+    def queue(*embeddings):
+        queries, keys = stacked(*embeddings)
+        with tf.GradientTape() as tape:
+            tape.watch(queries)
+            loss, _ = model.method_loss(queries, keys, step)
+        gradient = tape.gradient(loss, queries)
+        model.update_state(queries, keys, step)
+        return loss + tf.reduce_sum(gradient)
+
+    functions = ({"algorithm": lambda *e: algorithm(*e)[0], "with_diagnostics": with_diagnostics}
+                 if model.EXACT_GRADIENT else {"queue": queue})
     return {name: tf.function(f, jit_compile=jit) for name, f in functions.items()}
 
 
@@ -205,9 +208,9 @@ def prepare_config(name, args, tf):
     import keras
 
     from caco_tf import build
-    from caco_tf.training import config as config_lib
+    from caco_tf import config as config_lib
 
-    path, settings, batch = model_settings(name, args.quick)
+    path, settings, batch = model_settings(name, args.tiny)
     config = config_lib.load_config(os.path.join(ROOT, path), settings)
     keras.utils.set_random_seed(0)
     model = build.build_model(config, STEPS_PER_EPOCH)
@@ -332,9 +335,9 @@ def measure_configs(names, args):
 def measure_matmul(args):
     """The float32 dense matmul peak: the best size's 2n³ / median seconds."""
     tf = setup_tensorflow(args)
-    sizes = (256, 512) if args.quick else (2048, 4096)
+    sizes = (64, 128) if args.tiny else (2048, 4096)
     # The sum fetches one number instead of copying n² of them (n² adds against 2n³ FLOPs).
-    product = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)))
+    product = tf.function(lambda a, b: tf.reduce_sum(tf.matmul(a, b)), autograph=False)
     rates = {}
     for n in sizes:
         a, b = (tf.random.stateless_normal([n, n], seed=[seed, 4]) for seed in (1, 2))
@@ -363,10 +366,13 @@ def run_child(names, args):
     of the process's wall time.
     """
     names = list(names)
+    if args.tiny:  # in this process: the check that the script runs needs no fresh one
+        results = measure_matmul(args) if names == ["matmul"] else measure_configs(names, args)
+        results = results if isinstance(results, list) else [results]
+        return {result["name"]: dict(result, wall_s=0.0) for result in results}
     command = [sys.executable, os.path.abspath(__file__), "--child", ",".join(names),
                "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--intra-op", str(args.intra_op), "--inter-op", str(args.inter_op)]
-    command += ["--quick"] if args.quick else []
     command += ["--interleave"] if args.interleave else []
     command += ["--trace", args.trace] if args.trace else []
     start = time.perf_counter()
@@ -388,9 +394,9 @@ def median(values):
 
 def summary(result, peak_flops):
     """Derived figures of one configuration's result: utilization against the machine's
-    theoretical float32 peak (``_report.theoretical_peak``), and against the matmul measured."""
+    theoretical float32 peak (``_harness.theoretical_peak``), and against the matmul measured."""
     step = median(result["step_times"])
-    theoretical = (_report.theoretical_peak() or {}).get("flops")
+    theoretical = (_harness.theoretical_peak() or {}).get("flops")
     out = {"step": step, "images_per_s": result["batch"] / step,
            "utilization": (result["step_flops"] / step / theoretical) if theoretical else None,
            "of_matmul": (result["step_flops"] / step / peak_flops) if peak_flops else None}
@@ -401,8 +407,8 @@ def summary(result, peak_flops):
 
 
 def machine():
-    """The CPU's name (`_report.cpu_name`) and the memory in GiB (None where unknown)."""
-    model, memory = _report.cpu_name(), None
+    """The CPU's name (`_harness.cpu_name`) and the memory in GiB (None where unknown)."""
+    model, memory = _harness.cpu_name(), None
     try:
         with open("/proc/meminfo") as handle:
             memory = int(handle.readline().split()[1]) / 2 ** 20  # MemTotal, kB → GiB
@@ -467,14 +473,9 @@ def section(results, matmul, args, argv, wall_s, pending=()):
         "TF_ENABLE_ONEDNN_OPTS") if k in os.environ)
     heads = ", ".join(sorted({f"D={r['dim']}, projector hidden {r['projector_hidden']}"
                               for r in done.values()})) or "D and projector as configured"
-    _, begin, end = section_of(args)
-    lines = [begin]
-    if args.quick:
-        lines += ["**Quick mode (`--quick`): tiny backbone, images, batches and banks; a smoke "
-                  "test, not the benchmark.**", ""]
-    lines += [
+    lines = [
         f"`{command_line(argv, args.only or None)}` — {datetime.date.today()}, {cpu}, "
-        f"{_report.cpu_count()} CPU cores (`nproc`)"
+        f"{_harness.cpu_count()} CPU cores (`nproc`)"
         + (f", {memory:.0f} GiB memory" if memory else "") + f", "
         f"{gpus or 'no'} GPU{'s' if gpus != 1 else ''}, TensorFlow {matmul['tensorflow']}, Keras "
         f"{matmul['keras']}; threads: intra-op {thread.get('intra_op')}, inter-op "
@@ -502,8 +503,8 @@ def section(results, matmul, args, argv, wall_s, pending=()):
         "(query forward + backward = 3 per view, key forward 1 per view) plus the step's "
         "products with the bank. Utilization: model FLOP/s over the machine's theoretical "
         "float32 peak, "
-        + ((_report.theoretical_peak() or {}).get("description", "unknown here")) +
-        " (`benchmarks/_report.py`: cores, clock and vector width from /proc/cpuinfo); in "
+        + ((_harness.theoretical_peak() or {}).get("description", "unknown here")) +
+        " (`benchmarks/_harness.py`: cores, clock and vector width from /proc/cpuinfo); in "
         "brackets, over the best float32 matmul measured in the same run "
         + (f"({peak / 1e9:,.1f} GFLOP/s at n={matmul['size']}, median of {args.steps}, same "
            "thread settings)" if peak else "(not measured)") + ". Bank share: the bank "
@@ -514,7 +515,7 @@ def section(results, matmul, args, argv, wall_s, pending=()):
     ]
     if loads:
         lines += ["", f"Load average (1 min) over the run: {min(min(l) for l in loads):.1f} to "
-                      f"{max(max(l) for l in loads):.1f} on {_report.cpu_count()} cores; "
+                      f"{max(max(l) for l in loads):.1f} on {_harness.cpu_count()} cores; "
                       "figures taken under other jobs' load are low and noisy."]
     if pending:
         lines += ["", f"**Partial: the run was still going when this was written; not yet "
@@ -554,8 +555,7 @@ def section(results, matmul, args, argv, wall_s, pending=()):
     lines += ["", "Ratios (from the rows above, same run) and goals:", ""]
     lines += ratio_lines(done, derived, peak)
     lines += scaling_lines(done, derived)
-    lines.append(end)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def describe(result, bank=True):
@@ -678,19 +678,12 @@ def scaling_lines(done, derived):
     return lines
 
 
-def write(text, output, args):
-    title, begin, end = section_of(args)
-    _report.write_section(text, output, begin, end, title)
-
-
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.parser(__doc__)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per figure")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--only", default="",
                         help=f"comma-separated configurations of: {', '.join(CONFIGS)}")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes for a smoke test (writes only with --output)")
     parser.add_argument("--intra-op", type=int, default=0,
                         help="tf.config.threading intra-op threads (0: TensorFlow's default)")
     parser.add_argument("--inter-op", type=int, default=0,
@@ -701,10 +694,10 @@ def parse_args(argv):
                              "are then fair); peak RSS is then the process's")
     parser.add_argument("--trace", default="", help="also write tf.profiler traces here")
     parser.add_argument("--note", default="", help="a line to add, e.g. about machine load")
-    parser.add_argument("--output", default=None,
-                        help="the Markdown file (default BENCHMARKS.md; none with --quick)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.tiny and not args.only:
+        args.only, args.steps, args.warmup = "m_caco", 1, 1
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be positive and --warmup at least 0")
     unknown = [n for n in args.only.split(",") if n and n not in CONFIGS]
@@ -722,7 +715,7 @@ def main(argv=None):
     if args.child:
         return child(args)
     names = [n for n in CONFIGS if not args.only or n in args.only.split(",")]
-    output = args.output or (None if args.quick else os.path.join(ROOT, "BENCHMARKS.md"))
+    name, title = section_of(args)
 
     start = time.perf_counter()
     matmul = run_child(["matmul"], args)["matmul"]
@@ -736,25 +729,22 @@ def main(argv=None):
     results = {}
     for group in groups:
         results.update(run_child(group, args))
-        for name in group:
-            result = results[name]
+        for config in group:
+            result = results[config]
             if "error" in result:
-                print(f"{name}: failed ({result['error']})", flush=True)
+                print(f"{config}: failed ({result['error']})", flush=True)
                 continue
             d = summary(result, matmul.get("peak_flops"))
-            print(f"{name}: {d['step']:.3f} s/step (median of {args.steps}), "
+            print(f"{config}: {d['step']:.3f} s/step (median of {args.steps}), "
                   f"{d['images_per_s']:,.1f} images/s, peak RSS {_gb(result['peak_rss_mb'])} GB "
                   f"({result['wall_s']:.0f} s)", flush=True)
-        if output and len(results) < len(names):
+        if len(results) < len(names):
             # A long run (hours for the ResNet-50 rows) keeps what it has measured so far.
-            partial = section(results, matmul, args, argv, time.perf_counter() - start,
-                              pending=names[len(results):])
-            write(partial, output, args)
-    text = section(results, matmul, args, argv, time.perf_counter() - start)
-    print(text)
-    if output:
-        write(text, output, args)
-        print(f"wrote {output}")
+            _harness.publish(args, name, title, section(
+                results, matmul, args, argv, time.perf_counter() - start,
+                pending=names[len(results):]))
+    _harness.publish(args, name, title, section(results, matmul, args, argv,
+                                                time.perf_counter() - start))
     failed = [n for n, r in results.items() if "error" in r] + (
         ["matmul"] if "error" in matmul else [])
     return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""Load a script of benchmarks/ as a module, for the tests of its pure parts (no training)."""
+"""Load a script of benchmarks/ as a module: its ``main(argv)`` and its parts, for the tests."""
 
 import importlib.util
 import os

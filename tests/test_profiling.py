@@ -78,22 +78,3 @@ def test_unknown_sizes_and_uncounted_kernels_raise():
     model = keras.Model(inputs, keras.layers.DepthwiseConv2D(3)(inputs))
     with pytest.raises(NotImplementedError):
         profiling.forward_flops(model)
-
-
-def test_op_profile_sorts_op_types_into_kinds():
-    from benchmark_scripts import load
-
-    kind_of = load("op_profile").kind_of
-    assert kind_of("_MklNativeConv2DBackpropFilter") == "convolution, backward filter"
-    assert kind_of("_MklNativeConv2DBackpropInput") == "convolution, backward data"
-    assert kind_of("_MklNativePadWithConv2D") == "convolution, forward"
-    assert kind_of("_MklNativeFusedBatchNormGradV3") == "BatchNorm, backward"
-    assert kind_of("_MklNativeFusedBatchNormEx") == "BatchNorm, forward"
-    assert kind_of("_MklNativeMaxPoolGrad") == "pooling"
-    assert kind_of("ReluGrad") == kind_of("AddV2") == "element-wise (relu, add, mul, ...)"
-    assert kind_of("AssignSubVariableOp") == "variables (read, assign)"
-    assert kind_of("Pad") == kind_of("ConcatV2") == kind_of("_MklTranspose") \
-        == "data movement (pad, slice, concat, transpose, tile)"
-    assert kind_of("bitcast_dynamic-update-slice_fusion.1") == kind_of("dot") \
-        == "XLA kernels (the bank's pass: bank.py compiles it)"
-    assert kind_of("Cast") == "casts" and kind_of("NoSuchOp") == "other"

@@ -1,0 +1,169 @@
+"""The scripts of benchmarks/: every one still runs (its tiny mode, ``--tiny``), and the pure
+parts of a few (their sections, caches and tables), without measuring anything."""
+
+import ast
+import glob
+import hashlib
+import json
+import os
+import threading
+import time
+import traceback
+
+import pytest
+
+from benchmark_scripts import BENCHMARKS, load
+
+ROOT = os.path.dirname(BENCHMARKS)
+SCRIPTS = sorted(os.path.basename(path)[:-len(".py")]
+                 for path in glob.glob(os.path.join(BENCHMARKS, "*.py"))
+                 if not os.path.basename(path).startswith("_"))
+# What a tiny run must leave as it found it: the published figures and the tracked caches.
+KEPT = ["BENCHMARKS.md", "RESULTS.md", os.path.join("docs", "results.md"),
+        os.path.join("benchmarks", "comparison_cache.json")]
+
+
+def test_every_script_has_a_tiny_mode():
+    """A script's ``main(argv)`` takes ``--tiny`` (``_harness.parser`` adds it), so the slow
+    test below can run it; a new script without one fails here first."""
+    assert len(SCRIPTS) > 20
+    for name in SCRIPTS:
+        with open(os.path.join(BENCHMARKS, f"{name}.py")) as handle:
+            source = handle.read()
+        functions = {node.name: node for node in ast.walk(ast.parse(source))
+                     if isinstance(node, ast.FunctionDef)}
+        assert "main" in functions and functions["main"].args.args, f"{name}: no main(argv)"
+        assert "_harness.parser(" in source or '"--tiny"' in source, f"{name}: no --tiny"
+
+
+def _kept():
+    digests = {}
+    paths = KEPT + [os.path.relpath(p, ROOT) for p in
+                    glob.glob(os.path.join(BENCHMARKS, "ablation_cache", "*"))]
+    for path in paths:
+        if os.path.exists(os.path.join(ROOT, path)):
+            with open(os.path.join(ROOT, path), "rb") as handle:
+                digests[path] = hashlib.sha1(handle.read()).hexdigest()
+    return digests
+
+
+@pytest.mark.slow
+def test_every_script_runs_in_its_tiny_mode(tmp_path, monkeypatch):
+    """Every script's tiny mode runs to its end, from another folder, and leaves the published
+    figures and caches alone.  ``main(argv)`` runs in this process (TensorFlow is imported once
+    for all); the scripts whose work is in child processes (``RUNS_IN_CHILD_PROCESSES``: train.py
+    runs, service workers) run one after the other on a thread meanwhile, so both cores work."""
+    monkeypatch.chdir(tmp_path)
+    before = _kept()
+    modules = {name: load(name) for name in SCRIPTS}
+    seconds, failures = {}, {}
+
+    def run(name):
+        start = time.perf_counter()
+        try:
+            status = modules[name].main(["--tiny"])
+            if status not in (None, 0):
+                failures[name] = f"exit status {status}"
+        except BaseException:  # SystemExit from argparse too
+            failures[name] = traceback.format_exc()
+        seconds[name] = time.perf_counter() - start
+
+    in_children = [n for n in SCRIPTS if getattr(modules[n], "RUNS_IN_CHILD_PROCESSES", False)]
+    beside = threading.Thread(target=lambda: [run(name) for name in in_children])
+    beside.start()
+    for name in SCRIPTS:
+        if name not in in_children:
+            run(name)
+    beside.join()
+    print("\n".join(f"{name}: {seconds[name]:.1f} s" for name in SCRIPTS))
+    assert not failures, "\n".join(f"{name}: {error}" for name, error in failures.items())
+    assert _kept() == before
+
+
+# ---------------------------------------------------------------------- the harness
+def test_a_section_is_replaced_between_its_markers_or_appended(tmp_path):
+    harness = load("_harness")
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text("# Benchmarks\n\n## A\n\n<!-- a:begin -->\nold\n<!-- a:end -->\n\nkept\n")
+    harness.write_section("<!-- a:begin -->\nnew\n<!-- a:end -->\n", str(path), "a", "## A")
+    harness.write_section("<!-- b:begin -->\nb\n<!-- b:end -->\n", str(path), "b", "## B")
+    assert path.read_text() == ("# Benchmarks\n\n## A\n\n<!-- a:begin -->\nnew\n<!-- a:end -->"
+                                "\n\nkept\n\n## B\n\n<!-- b:begin -->\nb\n<!-- b:end -->\n")
+
+
+def test_alternatives_are_interleaved_and_reversed_every_other_round():
+    harness = load("_harness")
+    calls = []
+    figures = harness.interleave({"a": lambda: calls.append("a"),
+                                  "b": lambda: calls.append("b") or 2.5}, rounds=3, warmup=1)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert figures["b"] == [2.5] * 3 and len(figures["a"]) == 3
+    assert harness.command_line("/x/s.py", ["--output", "o.md", "--rounds", "2", "--note=n"]) \
+        == "python benchmarks/s.py --rounds 2"
+
+
+# ---------------------------------------------------------------------- step_time.py
+def test_step_time_writes_each_kind_of_run_into_its_own_section(tmp_path):
+    """Re-measuring one kind of run (the offline default's XLA gain) leaves the others' rows."""
+    step_time = load("step_time")
+    name = {argv: step_time.section_of(step_time.parse_args(argv.split()))[0]
+            for argv in ("--only m_caco", "--interleave --only m_caco,m_caco_xla",
+                         "--interleave --only r50_caco,r50_moco",
+                         "--interleave --only r50_caco,m_caco", "--interleave")}
+    assert name["--only m_caco"] == "step_time"
+    assert name["--interleave --only m_caco,m_caco_xla"] == "step_time_offline_default"
+    for argv in ("--interleave --only r50_caco,r50_moco", "--interleave --only r50_caco,m_caco",
+                 "--interleave"):
+        assert name[argv] == "step_time_interleaved", argv
+
+
+# ---------------------------------------------------------------------- ablation.py
+def test_ablation_cache_merges_the_work_folder_and_the_tracked_copy(tmp_path):
+    ablation = load("ablation")
+    work, tracked = tmp_path / "work.json", tmp_path / "tracked" / "tag.json"
+    work.write_text(json.dumps({"runs": {"caco/seed0": {"knn_top1": 97.0},
+                                         "none/seed0": {"knn_top1": 96.0}}}))
+    tracked.parent.mkdir()
+    tracked.write_text(json.dumps({"runs": {"caco/seed0": {"knn_top1": 97.0, "linear_top1": 96.5},
+                                            "simclr/seed1": {"knn_top1": 95.0}}}))
+    cache = ablation.load_cache([str(work), str(tracked)])
+    # The entry with more figures wins; runs found in either file are kept.
+    assert cache["runs"] == {"caco/seed0": {"knn_top1": 97.0, "linear_top1": 96.5},
+                             "none/seed0": {"knn_top1": 96.0},
+                             "simclr/seed1": {"knn_top1": 95.0}}
+    fresh = tmp_path / "fresh" / "tag.json"  # a folder that does not exist yet
+    ablation.save_cache(cache, [str(work), str(fresh)])
+    for path in (work, fresh):
+        assert json.loads(path.read_text()) == cache
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_ablation_partial_report_names_the_missing_runs_and_counts_seeds():
+    ablation = load("ablation")
+    cache = {"runs": {"caco/seed0": {"knn_top1": 97.0}, "caco/seed1": {"knn_top1": 98.0},
+                      "none/seed0": {"knn_top1": 96.0}}}
+    note = ablation.partial_note(cache, ["none", "caco"], 2, "python benchmarks/ablation.py")
+    assert "3 of 4 runs" in note[0] and "none/seed1" in note[0] and "caco/seed" not in note[0]
+    assert ablation.partial_note(cache, ["caco"], 2, "cmd") == []
+    assert ablation.cell([97.0, 98.0], 3) == "97.5 ± 0.7 (2 seeds)"
+    assert ablation.cell([97.0, 98.0], 2) == "97.5 ± 0.7"
+    assert ablation.cell([97.0], 3) == "97.0 (1 seed)"
+    assert ablation.cell([], 3) == "–"
+
+
+# ---------------------------------------------------------------------- op_profile.py
+def test_op_profile_sorts_op_types_into_kinds():
+    kind_of = load("op_profile").kind_of
+    assert kind_of("_MklNativeConv2DBackpropFilter") == "convolution, backward filter"
+    assert kind_of("_MklNativeConv2DBackpropInput") == "convolution, backward data"
+    assert kind_of("_MklNativePadWithConv2D") == "convolution, forward"
+    assert kind_of("_MklNativeFusedBatchNormGradV3") == "BatchNorm, backward"
+    assert kind_of("_MklNativeFusedBatchNormEx") == "BatchNorm, forward"
+    assert kind_of("_MklNativeMaxPoolGrad") == "pooling"
+    assert kind_of("ReluGrad") == kind_of("AddV2") == "element-wise (relu, add, mul, ...)"
+    assert kind_of("AssignSubVariableOp") == "variables (read, assign)"
+    assert kind_of("Pad") == kind_of("ConcatV2") == kind_of("_MklTranspose") \
+        == "data movement (pad, slice, concat, transpose, tile)"
+    assert kind_of("bitcast_dynamic-update-slice_fusion.1") == kind_of("dot") \
+        == "XLA kernels (the bank's pass: bank.py compiles it)"
+    assert kind_of("Cast") == "casts" and kind_of("NoSuchOp") == "other"
