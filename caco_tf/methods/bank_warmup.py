@@ -44,7 +44,7 @@ class BankWarmup:
         model = self.model
         if not model.resync_after_warmup:
             return None
-        return lambda: model.key_encoder.sync(model._variables(model._teacher_heads()))
+        return lambda: model.key_encoder.sync(model._chain_variables(model._teacher_heads()))
 
     @property
     def student_variables(self):

@@ -213,14 +213,15 @@ class Method(keras.Model):
     def _teacher_heads(self):
         return [getattr(self, name) for name in self.TEACHER_HEADS]
 
-    def _variables(self, heads):
+    def _chain_variables(self, heads):
+        """The embedding network's trainable variables, then those of ``heads``."""
         return self.query_encoder.trainable_variables + [
             v for head in heads for v in head.trainable_variables]
 
     @property
     def student_variables(self):
         """Every trainable variable the loss trains, in the optimizer's order."""
-        return self._variables(self.heads)
+        return self._chain_variables(self.heads)
 
     def phases(self):
         """The run's phases (``Phase``): the warm-up while the step counter is below
@@ -268,7 +269,7 @@ class Method(keras.Model):
     def after_step(self, step):
         """After the descent: the momentum teacher follows the student."""
         if self.TEACHER == "momentum":
-            self.key_encoder.follow(self._variables(self._teacher_heads()), step)
+            self.key_encoder.follow(self._chain_variables(self._teacher_heads()), step)
 
     def view_embeddings(self, outputs):
         """The global crops' unit embeddings in ``outputs`` (alignment, uniformity)."""
