@@ -128,7 +128,7 @@ def parse_assignment(text):
 def shipped_configs():
     """{name: path} of the configurations the package ships (the checkout's ``configs/``, which
     a wheel carries as ``caco_tf/configs``)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # caco_tf/
+    here = os.path.dirname(os.path.abspath(__file__))  # caco_tf/
     for folder in (os.path.join(here, "configs"), os.path.join(os.path.dirname(here), "configs")):
         if os.path.isdir(folder):
             return {name[:-len(".yaml")]: os.path.join(folder, name)
