@@ -267,3 +267,13 @@ def test_digit_views_at_another_size_than_the_digits_are_one_line():
                                           "on data.source mnist .*, got 64"):
         load_config(None, ["data.image_size=64"])
     assert load_config(None, ["data.image_size=64", "data.views=asymmetric"])  # crops resize
+
+
+def test_shipped_configurations_are_found_in_a_wheels_layout(tmp_path, monkeypatch):
+    from caco_tf import config
+
+    package = tmp_path / "site-packages" / "caco_tf"
+    (package / "configs").mkdir(parents=True)
+    (package / "configs" / "mnist.yaml").write_text("# the offline default\n")
+    monkeypatch.setattr(config, "__file__", str(package / "config.py"))
+    assert config.shipped_configs() == {"mnist": str(package / "configs" / "mnist.yaml")}
