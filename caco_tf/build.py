@@ -57,7 +57,6 @@ class RunPlan:
     method: type                     # the class ``method.name`` names (``caco_tf.methods``)
     section: str                     # the method's settings are ``method.<section>``
     settings: dict                   # that section
-    declared: dict                   # its ``Setting``s by key (its class's ``SETTINGS``)
     batch_size: int                  # over every replica
     epochs: int
     steps_per_epoch: int
@@ -81,7 +80,6 @@ class RunPlan:
         warmup = bool(settings.get("warmup_epochs"))
         return cls(
             method=model_class(name), section=section, settings=settings,
-            declared=model_class(section).SETTINGS,
             batch_size=config["train"]["batch_size"], epochs=config["train"]["epochs"],
             steps_per_epoch=steps_per_epoch, replicas=replicas,
             warmup_steps=(max(settings["warmup_epochs"] * steps_per_epoch,
@@ -114,7 +112,7 @@ def method_arguments(plan):
     """The method's constructor arguments from its section: per-step settings as schedules of
     the step (``optimizers.schedule``), settings counted in epochs in steps."""
     arguments = {}
-    for key, setting in plan.declared.items():
+    for key, setting in plan.method.SETTINGS.items():  # an ablation row's: CaCo's
         if not setting.passed:
             continue
         value = plan.settings[key]
