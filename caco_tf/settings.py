@@ -93,10 +93,15 @@ class Setting:
     ``trained``: the setting shapes what is trained (a bank's rows, a head's width), so a resume
     refuses a change of it (the checkpoint holds the old shapes).  ``tiny``: its value in the
     test suite's tiny models (``tests/tiny_methods.py``), where the default is too large or too
-    slow there."""
+    slow there.
+
+    ``search``: the values a comparison tries for this setting (``caco_tf.comparison``): the
+    setting its authors or its known failures say matters most, declared by the method beside
+    the others.  ``rows``: the setting counts images a bank or queue holds, which a comparison
+    fits to the images it has."""
 
     def __init__(self, default, rule, help, derived=None, schedule=None, argument=None,
-                 in_steps=None, passed=True, trained=False, tiny=None):
+                 in_steps=None, passed=True, trained=False, tiny=None, search=None, rows=False):
         if (default is None) != (derived is not None):
             raise TypeError("a default of None needs derived=TYPE, and only such a default")
         if schedule is not None and schedule not in SCHEDULES:
@@ -107,6 +112,9 @@ class Setting:
         self.schedule, self.in_steps, self.passed = schedule, in_steps, passed
         self.argument = in_steps or argument
         self.trained, self.tiny = trained, tiny
+        if search is not None and not all(rule.check(value) for value in search):
+            raise TypeError(f"every searched value must be {rule.allowed}: {search}")
+        self.search, self.rows = tuple(search) if search else None, rows
 
 
 # What a number given for a per-step setting means: the value throughout, or the start of a

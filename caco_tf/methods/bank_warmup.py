@@ -108,7 +108,7 @@ def warmup_settings(epochs=0, own_bank=True, own_keys=True):
     if not own_bank:
         settings["warmup_bank_size"] = Setting(
             65536, integer(1), "K, the rows of the bank the warm-up fills (the method has none)",
-            trained=True, tiny=32)
+            trained=True, tiny=32, rows=True)
     if not own_keys:
         settings["warmup_key_momentum"] = Setting(
             0.99, number(0.0, 1.0), "the warm-up key encoder's EMA momentum at the start (it "

@@ -24,7 +24,8 @@ class BarlowTwins(Method):
     SETTINGS = {
         "redundancy_weight": Setting(
             0.0051, number(0.0), "lambda, the weight of the off-diagonal terms (about 40 / D "
-            "for a D-dimensional projection)", tiny=0.05),
+            "for a D-dimensional projection)", tiny=0.05,
+            search=(0.0051, 0.02, 0.05)),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     WARMUP = BankWarmup

@@ -27,7 +27,8 @@ class BYOL(Method):
     SETTINGS = {
         "key_momentum": Setting(
             0.996, number(0.0, 1.0), "the target network's EMA momentum at the start (it rises "
-            "to 1 on a cosine)", schedule="cosine to 1", tiny=0.9),
+            "to 1 on a cosine)", schedule="cosine to 1", tiny=0.9,
+            search=(0.99, 0.996, 0.999)),
         "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width",
                                     trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False),

@@ -46,9 +46,9 @@ class CaCo(ContrastiveMethod):
     SETTINGS = {
         "bank_size": Setting(
             65536, integer(1), "K, the bank's rows (positives and negatives share them)",
-            trained=True, tiny=32),
+            trained=True, tiny=32, rows=True),
         "temperature": Setting(0.08, number(0.0, low_open=True), "tau of the encoder's loss",
-                               tiny=0.1),
+                               tiny=0.1, search=(0.04, 0.08, 0.16)),
         "bank_temperature": Setting(
             0.08, number(0.0, low_open=True), "tau of the bank's update", tiny=0.2),
         "bank_lr": Setting(3.0, number(0.0), "the bank's learning rate (cosine-decayed)",

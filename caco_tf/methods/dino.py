@@ -36,7 +36,8 @@ class DINO(Method):
         "student_temperature": Setting(0.1, number(0.0, low_open=True), "tau of the student"),
         "teacher_temperature": Setting(
             0.04, number(0.0, low_open=True), "tau of the teacher (above ~0.07 training is "
-            "unstable: its output goes uniform)", schedule="constant", tiny=0.05),
+            "unstable: its output goes uniform)", schedule="constant", tiny=0.05,
+            search=(0.04, 0.055, 0.07)),
         "center_momentum": Setting(
             0.9, number(0.0, 1.0, high_open=True), "the center's EMA momentum"),
         "key_momentum": Setting(

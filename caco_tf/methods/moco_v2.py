@@ -20,8 +20,9 @@ class MoCoV2(ContrastiveMethod):
     method = "moco_v2"
     SETTINGS = {
         "bank_size": Setting(65536, integer(1), "K, the queue's rows (the negatives)",
-                             trained=True, tiny=32),
-        "temperature": Setting(0.2, number(0.0, low_open=True), "tau of the loss", tiny=0.1),
+                             trained=True, tiny=32, rows=True),
+        "temperature": Setting(0.2, number(0.0, low_open=True), "tau of the loss", tiny=0.1,
+                               search=(0.1, 0.2, 0.4)),
         "key_momentum": Setting(0.999, number(0.0, 1.0), "the key encoder's EMA momentum",
                                 schedule="constant", tiny=0.9),
         **warmup_settings(epochs=0),

@@ -27,7 +27,8 @@ class MoCoV3(Method):
 
     method = "moco_v3"
     SETTINGS = {
-        "temperature": Setting(1.0, number(0.0, low_open=True), "tau of the loss", tiny=0.5),
+        "temperature": Setting(1.0, number(0.0, low_open=True), "tau of the loss", tiny=0.5,
+                               search=(0.2, 0.5, 1.0)),
         "key_momentum": Setting(
             0.99, number(0.0, 1.0), "the momentum encoder's EMA momentum at the start (it "
             "rises to 1 on a cosine)", schedule="cosine to 1", tiny=0.9),

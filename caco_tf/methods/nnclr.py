@@ -28,9 +28,10 @@ class NNCLR(Method):
 
     method = "nnclr"
     SETTINGS = {
-        "temperature": Setting(0.1, number(0.0, low_open=True), "tau of the loss"),
+        "temperature": Setting(0.1, number(0.0, low_open=True), "tau of the loss",
+                               search=(0.05, 0.1, 0.2)),
         "queue_size": Setting(98304, integer(1), "the support set's rows", trained=True,
-                              tiny=32),
+                              tiny=32, rows=True),
         "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width",
                                     trained=True, tiny=16),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),

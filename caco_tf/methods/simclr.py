@@ -21,7 +21,8 @@ class SimCLR(ContrastiveMethod):
 
     method = "simclr"
     SETTINGS = {
-        "temperature": Setting(0.1, number(0.0, low_open=True), "tau of NT-Xent"),
+        "temperature": Setting(0.1, number(0.0, low_open=True), "tau of NT-Xent",
+                               search=(0.05, 0.1, 0.2)),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     TEACHER = None

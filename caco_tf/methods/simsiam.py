@@ -26,7 +26,7 @@ class SimSiam(Method):
     method = "simsiam"
     SETTINGS = {
         "predictor_hidden": Setting(512, integer(1), "the predictor's bottleneck width",
-                                    trained=True, tiny=16),
+                                    trained=True, tiny=16, search=(64, 128, 512)),
         "predictor": Setting(True, boolean(), "the predictor (without it SimSiam collapses)",
                              trained=True),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),

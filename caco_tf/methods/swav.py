@@ -32,10 +32,11 @@ class SwAV(Method):
         "temperature": Setting(0.1, number(0.0, low_open=True), "tau of the prediction"),
         "epsilon": Setting(0.05, number(0.0, low_open=True),
                            "Sinkhorn's entropy weight (lower it, e.g. 0.03, if the loss stalls "
-                           "at ln K)"),
+                           "at ln K)", search=(0.03, 0.05, 0.1)),
         "sinkhorn_iterations": Setting(3, integer(1), "Sinkhorn-Knopp's iterations"),
         "queue_size": Setting(0, integer(0), "rows of the queue of past embeddings kept for each "
-                              "global crop (0: none; 3,840 at batch 256)", trained=True),
+                              "global crop (0: none; 3,840 at batch 256)", trained=True,
+                              rows=True),
         "queue_start_epoch": Setting(15.0, number(0.0), "the epoch the queue starts filling",
                                      in_steps="queue_start_step"),
         "freeze_prototypes_epochs": Setting(

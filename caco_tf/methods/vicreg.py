@@ -23,7 +23,8 @@ class VICReg(Method):
 
     method = "vicreg"
     SETTINGS = {
-        "invariance_weight": Setting(25.0, number(0.0), "lambda, the invariance term's weight"),
+        "invariance_weight": Setting(25.0, number(0.0), "lambda, the invariance term's weight",
+                                     search=(10.0, 25.0, 50.0)),
         "variance_weight": Setting(25.0, number(0.0), "mu, the variance term's weight"),
         "covariance_weight": Setting(1.0, number(0.0), "nu, the covariance term's weight"),
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),

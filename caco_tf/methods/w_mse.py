@@ -30,7 +30,8 @@ class WMSE(Method):
             "batch and exceed model.embedding_dim)", tiny=8),
         "whitening_epsilon": Setting(
             0.0, number(0.0, 1.0, high_open=True), "shrinkage of each sub-batch's covariance "
-            "towards the identity before its Cholesky factor (w_eps)", tiny=0.1),
+            "towards the identity before its Cholesky factor (w_eps)", tiny=0.1,
+            search=(0.01, 0.03, 0.1)),  # above 0: any sub-batch's covariance inverts
     }
     DOCS_ROW = {"state": "–", "global batch": "– (a replica's sub-batches are whitened)"}
     PROJECTOR = dict(layers_count=2, bias=True)
