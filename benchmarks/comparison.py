@@ -332,6 +332,26 @@ def marker(epochs):
     return "comparison" if epochs == DEFAULT_EPOCHS else f"comparison-e{epochs}"
 
 
+def paired_lines(args, runs, at):
+    """Which pairs of methods a paired interval over the seeds tells apart (seed s: the same
+    data order for every method), per metric (caco_tf.comparison.report.every_pair)."""
+    from caco_tf.comparison import report as comparison_report
+
+    lines = []
+    for metric, title in (("knn_top1", "kNN top-1"), ("linear_top1", "linear top-1")):
+        rows = {m: {"seeds": {s: {metric: runs[f"{at}held-out/{m}/seed{s}"][metric]}
+                              for s in range(args.seeds)
+                              if metric in runs.get(f"{at}held-out/{m}/seed{s}", {})}}
+                for m in args.methods}
+        apart, untold = comparison_report.every_pair(rows, metric)
+        lines += ["", f"Paired over the seeds, held-out {title}: {len(apart)} of "
+                      f"{len(apart) + untold} pairs told apart by a 95 % t interval of the "
+                      f"seed-by-seed difference{' (below)' if apart else ''}; every other pair: "
+                      f"no difference measured.", ""]
+        lines += [f"- {sentence}" for sentence in apart]
+    return lines
+
+
 def report(args, cache):
     runs, epochs, at = cache["runs"], args.epochs, prefix(args.epochs)
     command = "python benchmarks/comparison.py" + (
@@ -353,7 +373,7 @@ def report(args, cache):
         "(`caco-evaluate linear`, its defaults).  CaCo runs the offline default, MoCo v2 with "
         "CaCo's bank size, temperature and key momentum (nothing chosen for either).  Mean ± "
         "sample standard deviation over the seeds; one standard error on 1,000 images is "
-        "about 0.5 point.",
+        "about 0.5 point; a ranking needs the paired intervals below the table.",
         "",
         "| method | chosen settings (validation) | seeds | held-out kNN top-1 (%) | held-out "
         "linear top-1 (%) | health: rank · uniformity · collapse warned | paper, ImageNet "
@@ -375,6 +395,7 @@ def report(args, cache):
                      f"{cell([e.get('knn_top1') for e in seeds])} | "
                      f"{cell([e.get('linear_top1') for e in seeds])} | {health} | "
                      f"{PAPER[method]} |")
+    lines += paired_lines(args, runs, at)
     lines += ["", "The trials on the validation split (seed 0, kNN top-1 %):", ""]
     for method in args.methods:
         if method in REFERENCES:
