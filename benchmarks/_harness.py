@@ -33,34 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 # ------------------------------------------------------------------------------ the machine
-def cpu_count():
-    try:
-        return len(os.sched_getaffinity(0))  # what `nproc` reports
-    except AttributeError:
-        return os.cpu_count()
-
-
-def cpu_name():
-    """The CPU as `lscpu` names it ("Model name", /proc/cpuinfo's "model name"), with its family
-    and model numbers (a hypervisor often hides the rest of the name)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']} model {fields['model']})"
-    return name
-
-
-def machine():
-    """The CPU and the cores this process may use (seeded runs repeat bit for bit on one CPU
-    model only, so every measurement names it)."""
-    return f"{cpu_name()}, {cpu_count()} cores"
+from caco_tf.machine import cpu_count, cpu_name, machine  # noqa: E402,F401  (the scripts' names)
 
 
 def versions():

@@ -19,36 +19,18 @@ import tempfile
 import numpy as np
 from PIL import Image, ImageDraw
 
-CLASSES = ("circle", "square", "triangle", "star", "cross", "ring", "diamond", "hexagon", "bar",
-           "chevron")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from caco_tf.data.shapes import CLASSES, OUTLINES  # noqa: E402
+
+# The shapes' outlines are the comparison benchmark's (data.source shapes), drawn here in colour
+# at any size.
+SHAPES = OUTLINES
 
 
 def _polygon(points, angle, centre, radius):
     cos, sin = math.cos(angle), math.sin(angle)
     return [(centre[0] + radius * (x * cos - y * sin), centre[1] + radius * (x * sin + y * cos))
             for x, y in points]
-
-
-def _regular(count, inner=None):
-    points = []
-    for k in range(count * (2 if inner else 1)):
-        r = inner if inner and k % 2 else 1.0
-        a = math.pi * 2 * k / (count * (2 if inner else 1))
-        points.append((r * math.cos(a), r * math.sin(a)))
-    return points
-
-
-SHAPES = {
-    "square": [(-0.8, -0.8), (0.8, -0.8), (0.8, 0.8), (-0.8, 0.8)],
-    "triangle": _regular(3),
-    "star": _regular(5, inner=0.4),
-    "cross": [(-0.3, -1), (0.3, -1), (0.3, -0.3), (1, -0.3), (1, 0.3), (0.3, 0.3), (0.3, 1),
-              (-0.3, 1), (-0.3, 0.3), (-1, 0.3), (-1, -0.3), (-0.3, -0.3)],
-    "diamond": [(0, -1), (0.6, 0), (0, 1), (-0.6, 0)],
-    "hexagon": _regular(6),
-    "bar": [(-1, -0.25), (1, -0.25), (1, 0.25), (-1, 0.25)],
-    "chevron": [(-1, -0.6), (0, 0.2), (1, -0.6), (1, 0.0), (0, 0.8), (-1, 0.0)],
-}
 
 
 def draw(shape, size, rng):

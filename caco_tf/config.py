@@ -193,10 +193,10 @@ def load_config(path=None, assignments=(), saved=False):
 def _source(value, held_out=False):
     kind, _, rest = value.partition(":")
     if held_out:
-        return value == "" or (kind in ("folder", "npz", "tfrecord") and bool(rest)) or (
+        return value == "" or (kind in ("folder", "npz", "tfrecord", "split") and bool(rest)) or (
             kind == "tfds" and rest.count(":") == 1 and all(rest.split(":")))
-    return value in ("mnist", "mnist_validation") or (
-        kind in ("npz", "folder", "tfrecord", "tfds") and bool(rest))
+    return value in ("mnist", "mnist_validation", "shapes", "shapes_validation") or (
+        kind in ("npz", "folder", "tfrecord", "tfds", "split") and bool(rest))
 
 
 BACKBONES = tuple(DOWNSAMPLING)
@@ -211,8 +211,9 @@ CORE_SETTINGS = {
                                   lambda v: bool(v) and "/" not in v),
                     "the run's name: its default folder is runs/<name>"),
     "data.source": Setting(
-        "mnist", text("mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or "
-                      "tfrecord:GLOB", _source),
+        "mnist", text("mnist, mnist_validation, shapes, shapes_validation, npz:PATH, "
+                      "folder:PATH, tfds:NAME[:SPLIT], tfrecord:GLOB or split:PATH.json",
+                      _source),
         "the training images; labels, where a source has them, serve evaluation only"),
     "data.data_dir": Setting(
         "", text("a folder path, or '' (TFDS's default)"),
@@ -221,7 +222,7 @@ CORE_SETTINGS = {
         "", text("a folder path, or '' (TFDS's default)"),
         "where TFDS finds manually downloaded files (imagenet2012's archives)"),
     "data.held_out": Setting(
-        "", text("'', folder:PATH, npz:PATH, tfds:NAME:SPLIT or tfrecord:GLOB",
+        "", text("'', folder:PATH, npz:PATH, tfds:NAME:SPLIT, tfrecord:GLOB or split:PATH.json",
                  lambda v: _source(v, held_out=True)),
         "labelled held-out images for every kNN and evaluation ('': the source's own held-out "
         "split, if any)"),

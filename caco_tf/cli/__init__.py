@@ -10,6 +10,7 @@ console script         module           also runs as
 ``caco-extract``       ``extract``      ``python export/extract_features.py``
 ``caco-import-torch``  ``import_torch``  ``python export/import_torch.py``
 ``caco-data-service``  ``data_service``  ``python -m caco_tf.cli.data_service``
+``caco-compare``       ``compare``      ``python -m caco_tf.cli.compare``
 =====================  ===============  ================================================
 
 Every command calls ``start`` before anything imports TensorFlow, so it starts quietly

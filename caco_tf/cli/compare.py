@@ -1,0 +1,209 @@
+"""Which method for my images? (``caco-compare``, ``python -m caco_tf.cli.compare``).
+
+    caco-compare                                   # every method on the shapes benchmark
+    caco-compare --data folder:DIR --methods caco,byol,vicreg --epochs 2 --trials 2 --seeds 2
+    caco-compare --data folder:DIR --dry-run       # what it would run, and how long
+
+Each method is tuned on a validation split carved from the training images (``--trials``
+settings drawn from its search space, the same number for every method), then its chosen
+setting trains with each of ``--seeds`` seeds on every training image and is measured once on
+the test split: kNN, linear and few-label linear top-1, and its health.  The report
+(``OUT/report/report.md``, ``report.html``, plots) holds the table, the paired comparisons and
+every trial.  Re-running the same command continues where a signal or a kill stopped it
+(docs/compare.md).
+"""
+
+import os
+import shlex
+import signal
+import sys
+
+from caco_tf import cli
+
+DEFAULT_DATA = "shapes"
+DEFAULT_CONFIG = "shapes"
+# Set by the comparison for each run: the user's --set cannot.
+PER_RUN = ("method.name", "train.seed", "data.seed", "data.source", "data.held_out")
+
+
+def parse_args(argv):
+    parser = cli.ArgumentParser(
+        prog="caco-compare",
+        description="Compare the self-supervised methods on your images: tune each on a "
+                    "validation split, train it with several seeds, report with paired "
+                    "intervals.")
+    parser.add_argument("--data", default=DEFAULT_DATA,
+                        help="the images: folder:PATH (class sub-folders, or train/ and val/), "
+                             "npz:PATH, mnist, shapes, ... (default: shapes, the generated "
+                             "benchmark)")
+    parser.add_argument("--labels", help="a CSV of 'relative/path,class' lines labelling an "
+                                         "unlabelled folder (evaluation only)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="the shared budget: a shipped configuration's name or a YAML file "
+                             "(default: shapes)")
+    parser.add_argument("--methods", help="comma-separated methods (default: every method)")
+    budget = parser.add_argument_group("the shared budget (every method alike)")
+    budget.add_argument("--epochs", type=int, help="train.epochs of every run")
+    budget.add_argument("--batch-size", type=int, help="train.batch_size of every run")
+    budget.add_argument("--image-size", type=int, help="data.image_size of every run")
+    budget.add_argument("--backbone", help="model.backbone of every run")
+    budget.add_argument("--views", help="data.views of every run")
+    budget.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other setting of every run")
+    plan = parser.add_argument_group("trials, seeds and splits")
+    plan.add_argument("--trials", type=int, default=3,
+                      help="settings tried per method on the validation split (default 3)")
+    plan.add_argument("--seeds", type=int, default=3,
+                      help="seeds of each method's chosen setting (default 3)")
+    plan.add_argument("--seed", type=int, default=0,
+                      help="the seed of the splits and of the trials' draw (default 0)")
+    plan.add_argument("--few-labels", type=int, default=10, metavar="K",
+                      help="labelled images per class of the few-label protocol (default 10; "
+                           "0: none)")
+    plan.add_argument("--validation-fraction", type=float, default=0.2,
+                      help="of the training images, carved for validation (default 0.2)")
+    plan.add_argument("--test-fraction", type=float, default=0.2,
+                      help="of the images, carved for the test where the source has no "
+                           "held-out split (default 0.2)")
+    plan.add_argument("--linear-epochs", type=int, default=100,
+                      help="epochs of the linear protocols (default 100)")
+    parser.add_argument("--out", default=os.path.join("runs", "compare"),
+                        help="the comparison's folder (default: runs/compare)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan and the time estimate, train nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the report from what is measured, train nothing")
+    cli.verbose_argument(parser)
+    return parser.parse_args(argv)
+
+
+def arguments_of(args):
+    """The comparison's defining arguments (``runner.PLAN_KEYS``), checked: a ``ConfigError``
+    line for a bad one."""
+    from caco_tf.comparison import runner, trials
+    from caco_tf.config import ConfigError, load_config
+    from caco_tf.methods import METHODS
+
+    every = trials.comparison_methods()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods \
+        else every
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ConfigError(f"--methods: unknown {', '.join(unknown) or '(none given)'}; "
+                          f"choose from {', '.join(every)}")
+    if len(set(methods)) != len(methods):
+        raise ConfigError(f"--methods names a method twice: {args.methods}")
+    for name, value, low in (("--trials", args.trials, 1), ("--seeds", args.seeds, 1),
+                             ("--few-labels", args.few_labels, 0),
+                             ("--linear-epochs", args.linear_epochs, 1),
+                             ("--seed", args.seed, 0)):
+        if value < low:
+            raise ConfigError(f"{name} must be at least {low}, got {value}")
+    for name, value in (("--validation-fraction", args.validation_fraction),
+                        ("--test-fraction", args.test_fraction)):
+        if not 0 < value < 1:
+            raise ConfigError(f"{name} must be between 0 and 1, got {value}")
+    for assignment in args.set:
+        key = assignment.split("=", 1)[0].strip()
+        if key in PER_RUN:
+            raise ConfigError(f"--set {assignment}: the comparison sets {', '.join(PER_RUN)} "
+                              f"for each run (use --data for the images)")
+    settings = [f"{key}={value}" for key, value in (
+        ("train.epochs", args.epochs), ("train.batch_size", args.batch_size),
+        ("data.image_size", args.image_size), ("model.backbone", args.backbone),
+        ("data.views", args.views)) if value is not None] + list(args.set)
+    config = load_config(args.config, settings)  # one line for a bad setting, now
+    most = trials.max_trials(methods, config)
+    if args.trials > most:
+        raise ConfigError(f"--trials must be at most {most}: each method's search space holds "
+                          f"{most} settings (docs/compare.md)")
+    return {"config": runner.config_argument(args.config), "data": args.data,
+            "labels": os.path.abspath(args.labels) if args.labels else None,
+            "settings": settings, "methods": methods, "trials": args.trials,
+            "seeds": args.seeds, "seed": args.seed, "few_labels": args.few_labels,
+            "validation_fraction": args.validation_fraction,
+            "test_fraction": args.test_fraction, "linear_epochs": args.linear_epochs}
+
+
+def stop_between_runs(signum, frame):
+    """A signal outside a training (which saves first): stop now, the state is saved."""
+    from caco_tf.training.interrupts import Interrupted
+
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}; the same command continues "
+                      f"the comparison", signum)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    cli.start(["--verbose"] if args.verbose else [])
+
+    def work():
+        from caco_tf.comparison import report, runner, tuning
+
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, stop_between_runs)
+        arguments = arguments_of(args)
+        comparison = runner.Comparison(args.out)
+        if args.report_only:
+            if comparison.plan is None:
+                from caco_tf.config import ConfigError
+
+                raise ConfigError(f"{comparison.folder} holds no comparison yet")
+            return write_report(comparison, report)
+        if not tuning.is_chief():  # a worker of a comparison spread over machines
+            tuning.wait_for_plan(comparison)
+            comparison.start(arguments, "")  # refuses other arguments than the chief's
+            tuning.search(comparison, say=cli.say)
+            return 0
+        comparison.start(arguments, shlex.join(["caco-compare"] + list(argv)))
+        if not comparison.state.get("checked"):
+            comparison.check()
+            comparison.state["checked"] = True
+            comparison.save()
+        runner.calibrate(comparison, say=cli.say)
+        cli.say(describe(comparison, runner.estimate_seconds(comparison)))
+        if args.dry_run:
+            return 0
+        tuning.search(comparison, say=cli.say)
+        return write_report(comparison, report)
+
+    return cli.guard(work)
+
+
+def describe(comparison, seconds):
+    """What the comparison runs, in a few lines, with the time it will take."""
+    plan, arguments = comparison.plan, comparison.plan["arguments"]
+    images = plan["images"]
+    methods = arguments["methods"]
+    lines = [
+        f"comparison in {comparison.folder}: {len(methods)} methods "
+        f"({', '.join(methods)}) on {arguments['data']}",
+        f"  budget: --config {arguments['config']} {' '.join(arguments['settings'])}".rstrip()
+        + f" ({plan['epochs']} epochs, batch {plan['batch_size']})",
+        f"  splits: {images['tune']:,} training + {images['validation']:,} validation images "
+        f"for {arguments['trials']} trial(s) a method, then {images['train']:,} training "
+        f"images x {arguments['seeds']} seed(s), measured on {images['test']:,} test images",
+        f"  runs: {len(comparison.runs())} trainings; about {duration(seconds)} left on this "
+        f"machine (calibrated)",
+    ]
+    return "\n".join(lines)
+
+
+def duration(seconds):
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{max(1, round(seconds / 60))} min"
+
+
+def write_report(comparison, report):
+    folder = report.write(comparison)
+    print(f"report: {os.path.join(folder, 'report.md')}")
+    return 0
+
+
+def console():
+    """``caco-compare``: ``main()``, then the process ends at once (``cli.exit_after``)."""
+    cli.exit_after(main)
+
+
+if __name__ == "__main__":
+    console()

@@ -1,0 +1,399 @@
+"""A comparison's report: ``report.md``, the same as a self-contained ``report.html``, and PNG
+plots, in ``OUT/report/``.
+
+Every figure is read back from the run folders (``results.json``'s kNN, the linear
+evaluations' JSONs, ``history.json``), never from what the runner printed: the report of a
+comparison can be rewritten at any time (``caco-compare ... --report-only``).  Per method: the
+mean and 95 % t interval over seeds of each protocol; each ranking sentence rests on the paired
+difference (same seed = same split and data order) and its 95 % interval
+(``caco_tf.evaluation.statistics``), "no difference measured" when it holds 0.
+"""
+
+import base64
+import datetime
+import html
+import json
+import math
+import os
+
+from caco_tf.comparison import runner
+from caco_tf.evaluation import statistics
+from caco_tf.training import run_folder
+
+# The protocols of the table, in its order: (key, column title, file read, its field).
+PROTOCOLS = (("knn_top1", "kNN top-1", "results.json", "knn_top1"),
+             ("linear_top1", "linear top-1", runner.LINEAR, "top1"),
+             ("few_label_top1", "few-label linear top-1", runner.FEW_LABEL, "top1"))
+
+
+# ---------------------------------------------------------------------- reading
+def measured(comparison, key):
+    """{protocol key: figure} of one run, from its run folder (absent: not measured yet)."""
+    run_dir = comparison.run_dir(key)
+    figures = {}
+    for name, _, file, field in PROTOCOLS:
+        path = os.path.join(run_dir, file)
+        if os.path.exists(path):
+            with open(path) as handle:
+                value = json.load(handle).get(field)
+            if value is not None:
+                figures[name] = float(value)
+    return figures
+
+
+def history(comparison, key):
+    return run_folder.read_history(run_folder.RunFolder(comparison.run_dir(key)).history)
+
+
+def table_rows(comparison):
+    """{method: {"trial", "seeds": {seed: figures}, "health"}} of the final runs."""
+    arguments = comparison.plan["arguments"]
+    rows = {}
+    for method in arguments["methods"]:
+        seeds, health = {}, []
+        for seed in range(arguments["seeds"]):
+            key = comparison.final_key(method, seed)
+            figures = measured(comparison, key)
+            if figures:
+                seeds[seed] = figures
+                last = (history(comparison, key) or [{}])[-1]
+                entry = comparison.entry(key)
+                health.append((last.get("rank_embedding"), last.get("uniformity"),
+                               bool(entry.get("collapse_warned"))))
+        rows[method] = {"trial": comparison.chosen(method), "seeds": seeds, "health": health}
+    return rows
+
+
+# ---------------------------------------------------------------------- statistics
+def interval_text(values, digits=1):
+    if not values:
+        return "–"
+    found = statistics.mean_interval(values)
+    if found.count == 1:
+        return f"{found.mean:.{digits}f} (1 seed)"
+    return f"{found.mean:.{digits}f} [{found.low:.{digits}f}, {found.high:.{digits}f}]"
+
+
+def paired(rows, metric, a, b):
+    """The paired comparison of methods ``a`` and ``b`` on ``metric`` over their common seeds,
+    or None below two."""
+    common = sorted(set(rows[a]["seeds"]) & set(rows[b]["seeds"]))
+    common = [s for s in common if metric in rows[a]["seeds"][s]
+              and metric in rows[b]["seeds"][s]]
+    if len(common) < 2:
+        return None
+    return statistics.paired_comparison([rows[a]["seeds"][s][metric] for s in common],
+                                        [rows[b]["seeds"][s][metric] for s in common],
+                                        names=(a, b)), len(common)
+
+
+def ranking(rows, metric):
+    """Methods by mean ``metric`` (those measured), best first."""
+    means = {m: sum(r["seeds"][s][metric] for s in r["seeds"] if metric in r["seeds"][s])
+             / max(1, sum(1 for s in r["seeds"] if metric in r["seeds"][s]))
+             for m, r in rows.items()
+             if any(metric in figures for figures in r["seeds"].values())}
+    return sorted(means, key=lambda m: -means[m])
+
+
+def sentences(rows, metric, title):
+    """The ranking on ``metric`` in words, every claim backed by its paired interval."""
+    order = ranking(rows, metric)
+    if len(order) < 2:
+        return []
+    best = order[0]
+    said = []
+    for other in order[1:]:
+        found = paired(rows, metric, best, other)
+        if found is None:
+            said.append(f"{best} against {other}: fewer than two common seeds, nothing "
+                        f"measured.")
+            continue
+        result, count = found
+        d = result.difference
+        words = (f"{best} above {other}" if result.verdict == f"{best} above {other}"
+                 else f"{other} above {best}" if result.verdict != statistics.NO_DIFFERENCE
+                 else f"no difference measured between {best} and {other}")
+        said.append(f"{words}: {d.mean:+.1f} points [{d.low:+.2f}, {d.high:+.2f}] "
+                    f"({count} paired seeds).")
+    above = [o for o in order[1:] if (paired(rows, metric, best, o) or (None,))[0] is not None
+             and paired(rows, metric, best, o)[0].verdict == f"{best} above {o}"]
+    summary = (f"On {title}, {best} has the highest mean; it is above "
+               f"{', '.join(above)} by a paired interval that excludes 0"
+               if above else f"On {title}, {best} has the highest mean, but no paired interval "
+               f"sets it above any other method")
+    tied = [o for o in order[1:] if o not in above]
+    if above and tied:
+        summary += f", and not distinguishable from {', '.join(tied)}"
+    return [summary + "."] + said
+
+
+def every_pair(rows, metric):
+    """The pairs a paired interval tells apart on ``metric`` (one sentence each, the better
+    first) and the number of pairs it does not."""
+    methods = ranking(rows, metric)
+    apart, untold = [], 0
+    for place, a in enumerate(methods):
+        for b in methods[place + 1:]:
+            found = paired(rows, metric, a, b)
+            if found is None or found[0].verdict == statistics.NO_DIFFERENCE:
+                untold += 1
+                continue
+            d = found[0].difference
+            sign = 1 if found[0].verdict == f"{a} above {b}" else -1
+            first, second = (a, b) if sign > 0 else (b, a)
+            low, high = sorted((sign * d.low, sign * d.high))
+            apart.append(f"{first} above {second}: {sign * d.mean:+.1f} points "
+                         f"[{low:+.2f}, {high:+.2f}] ({found[1]} paired seeds)"
+                         + (" (the same difference on every seed: an interval of no width)"
+                            if high - low < 1e-3 else ""))
+    return apart, untold
+
+
+# ---------------------------------------------------------------------- the document
+def document(comparison, plots):
+    """The report as blocks: ("h", level, text), ("p", text), ("table", header, rows),
+    ("image", file, caption), ("code", text)."""
+    from caco_tf.machine import machine, versions
+
+    plan, arguments = comparison.plan, comparison.plan["arguments"]
+    rows = table_rows(comparison)
+    images = plan["images"]
+    blocks = [("h", 1, "Which method for these images?"), ("p", (
+        f"Written on {datetime.date.today()} by caco-tf {plan['caco_tf']} on {machine()}, "
+        f"{versions()}, from the comparison in `{comparison.folder}`, started "
+        f"{plan['created']} with:")), ("code", plan["command"]), ("p", (
+        f"Data `{arguments['data']}`: {images['tune']:,} training and {images['validation']:,} "
+        f"validation images for the trials; the chosen settings then train on "
+        f"{images['train']:,} images with seeds 0–{arguments['seeds'] - 1} and are measured "
+        f"once per seed on {images['test']:,} test images, which choose nothing. Shared budget: "
+        f"`--config {arguments['config']}` {' '.join(f'`{s}`' for s in arguments['settings'])}"
+        f" ({plan['epochs']} epochs, batch {plan['batch_size']}). Each method had "
+        f"{arguments['trials']} trial(s) from its search space (below), chosen by validation "
+        f"kNN top-1. Figures: mean over seeds [95 % t interval], %."))]
+    header = ["method", "chosen trial", "seeds"] + [title for _, title, _, _ in PROTOCOLS] + [
+        "rank · uniformity · collapse warned"]
+    body = []
+    for method, row in rows.items():
+        trial = row["trial"]
+        chosen = ("–" if trial is None else f"{trial}: `" + ", ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in plan["trials"][method][trial].items()) + "`")
+        cells = [interval_text([f[key] for f in row["seeds"].values() if key in f])
+                 for key, _, _, _ in PROTOCOLS]
+        health = row["health"]
+        ranks = [h[0] for h in health if h[0] is not None]
+        spreads = [h[1] for h in health if h[1] is not None]
+        health_cell = (f"{_mean(ranks):.1f} · {_mean(spreads):.2f} · "
+                       f"{sum(h[2] for h in health)} of {len(health)}") if health else "–"
+        body.append([method, chosen, ", ".join(map(str, sorted(row["seeds"]))) or "–"]
+                    + cells + [health_cell])
+    blocks += [("h", 2, "The methods on the test split"), ("table", header, body)]
+    for key, title, _, _ in PROTOCOLS:
+        said = sentences(rows, key, title)
+        if said:
+            apart, untold = every_pair(rows, key)
+            blocks += [("h", 3, f"What the {title} can say"), ("list", said), ("p", (
+                f"Every pair on the {title}: {len(apart)} told apart by a paired interval, "
+                f"{untold} not (no difference measured)" + (":" if apart else "."))),
+            ] + ([("list", apart)] if apart else [])
+    blocks += [("p", "A paired interval is over the seeds both methods finished (seed s: the "
+                     "same split, initialization seed and data order); with 3 seeds it is wide, "
+                     "and \"no difference measured\" is not \"equal\".")]
+    for file, caption in plots:
+        blocks.append(("image", file, caption))
+    blocks += [("h", 2, "Every trial on the validation split")]
+    trial_rows = []
+    for method in arguments["methods"]:
+        for trial, settings in enumerate(plan["trials"][method]):
+            key = comparison.trial_key(method, trial)
+            figures = measured(comparison, key)
+            entry = comparison.entry(key)
+            figure = (f"{figures['knn_top1']:.1f}" if "knn_top1" in figures
+                      else "failed" if "failed" in entry else "–")
+            mark = " (chosen)" if rows[method]["trial"] == trial else ""
+            trial_rows.append([method, f"{trial}{mark}", ", ".join(
+                f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in settings.items()), figure])
+    blocks += [("table", ["method", "trial", "settings", "validation kNN top-1 (%)"],
+                trial_rows)]
+    blocks += [("h", 2, "Search spaces"), ("p", (
+        "Stated before any result: the encoder's learning rate (the budget's "
+        f"{plan['budget_learning_rate']:g} times 1/3, 1 or 3) and the setting each method "
+        "declares (`Setting(search=...)`); trial 0 is the budget as given, the others drawn "
+        "without replacement, seeded by the comparison's seed and the method's name.")),
+        ("list", [f"{m}: " + "; ".join(f"`{k}` in {', '.join(f'{x:g}' if isinstance(x, float) else str(x) for x in v)}"
+                                        for k, v in plan["search_spaces"][m])
+                  + (f"; fitted to the data: {', '.join(plan['fitted'][m])}"
+                     if plan["fitted"][m] else "")
+                  for m in arguments["methods"]])]
+    commands = []
+    for method in arguments["methods"]:
+        for seed in sorted(rows[method]["seeds"]):
+            entry = comparison.entry(comparison.final_key(method, seed))
+            if "command" in entry:
+                commands.append(f"# {method}, seed {seed}\n{entry['command']}")
+    if commands:
+        blocks += [("h", 2, "The command of every row"), ("code", "\n".join(commands))]
+    return blocks
+
+
+def _mean(values):
+    return sum(values) / len(values) if values else math.nan
+
+
+# ---------------------------------------------------------------------- rendering
+def markdown(blocks):
+    lines = []
+    for block in blocks:
+        kind = block[0]
+        if kind == "h":
+            lines += ["#" * block[1] + " " + block[2], ""]
+        elif kind == "p":
+            lines += [block[1], ""]
+        elif kind == "code":
+            lines += ["```", block[1], "```", ""]
+        elif kind == "list":
+            lines += [f"- {item}" for item in block[1]] + [""]
+        elif kind == "table":
+            lines += ["| " + " | ".join(block[1]) + " |",
+                      "|" + "---|" * len(block[1])]
+            lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in block[2]]
+            lines.append("")
+        elif kind == "image":
+            lines += [f"![{block[2]}]({block[1]})", ""]
+    return "\n".join(lines)
+
+
+def _inline(text):
+    """Markdown's code spans as <code>, the rest escaped."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def page(blocks, folder):
+    """One HTML file holding everything, the plots inlined as data URIs."""
+    body = []
+    for block in blocks:
+        kind = block[0]
+        if kind == "h":
+            body.append(f"<h{block[1]}>{_inline(block[2])}</h{block[1]}>")
+        elif kind == "p":
+            body.append(f"<p>{_inline(block[1])}</p>")
+        elif kind == "code":
+            body.append(f"<pre>{html.escape(block[1])}</pre>")
+        elif kind == "list":
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in block[1]) + "</ul>")
+        elif kind == "table":
+            head = "".join(f"<th>{_inline(c)}</th>" for c in block[1])
+            rows = "".join("<tr>" + "".join(f"<td>{_inline(str(c))}</td>" for c in row)
+                           + "</tr>" for row in block[2])
+            body.append(f"<table><tr>{head}</tr>{rows}</table>")
+        elif kind == "image":
+            with open(os.path.join(folder, block[1]), "rb") as handle:
+                data = base64.b64encode(handle.read()).decode("ascii")
+            body.append(f'<figure><img alt="{html.escape(block[2])}" '
+                        f'src="data:image/png;base64,{data}"><figcaption>'
+                        f"{_inline(block[2])}</figcaption></figure>")
+    style = ("body{font-family:sans-serif;max-width:70em;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse}td,th{border:1px solid #bbb;padding:.2em .5em}"
+             "pre{background:#f4f4f4;padding:.5em;overflow-x:auto}img{max-width:100%}")
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>caco-compare report"
+            f"</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+# ---------------------------------------------------------------------- plots
+def plot_accuracy(rows, path):
+    """Each protocol's mean and 95 % interval per method."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 4.5), dpi=110)
+    axis = figure.add_subplot()
+    methods = list(rows)
+    for offset, (key, title, _, _) in zip((-0.2, 0.0, 0.2), PROTOCOLS):
+        xs, means, errors = [], [], [[], []]
+        for index, method in enumerate(methods):
+            values = [f[key] for f in rows[method]["seeds"].values() if key in f]
+            if not values:
+                continue
+            found = statistics.mean_interval(values)
+            low = found.mean - found.low if found.count > 1 else 0.0
+            xs.append(index + offset)
+            means.append(found.mean)
+            errors[0].append(low)
+            errors[1].append(low)
+        if xs:
+            axis.errorbar(xs, means, yerr=errors, fmt="o", capsize=3, label=title)
+    axis.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+    axis.set_ylabel("test top-1 (%)")
+    axis.set_title("Each method on the test split: mean and 95 % interval over seeds")
+    axis.legend(fontsize="small")
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def plot_curves(comparison, path):
+    """Each method's loss (and the kNN monitor, where it ran) over the epochs, seed 0."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 4), dpi=110)
+    loss_axis, knn_axis = figure.subplots(1, 2)
+    drawn = False
+    for method in comparison.plan["arguments"]["methods"]:
+        rows = history(comparison, comparison.final_key(method, 0))
+        if not rows:
+            continue
+        epochs = [row["epoch"] for row in rows]
+        loss_axis.plot(epochs, [row.get("loss", math.nan) for row in rows], label=method)
+        knn = [(row["epoch"], row["knn_top1"]) for row in rows if "knn_top1" in row]
+        if knn:
+            knn_axis.plot(*zip(*knn), marker=".", label=method)
+        drawn = True
+    loss_axis.set(title="loss (seed 0)", xlabel="epoch")
+    knn_axis.set(title="kNN monitor, held-out top-1 (%) (seed 0)", xlabel="epoch")
+    if drawn:
+        loss_axis.legend(fontsize="x-small")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def plot_health(rows, path):
+    """The last epoch's effective rank and uniformity of each method's runs."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 4), dpi=110)
+    rank_axis, uniformity_axis = figure.subplots(1, 2)
+    methods = list(rows)
+    for index, method in enumerate(methods):
+        for rank, uniformity, warned in rows[method]["health"]:
+            colour = "tab:red" if warned else "tab:blue"
+            if rank is not None:
+                rank_axis.plot(index, rank, "o", color=colour)
+            if uniformity is not None:
+                uniformity_axis.plot(index, uniformity, "o", color=colour)
+    for axis, title in ((rank_axis, "effective rank of the embeddings"),
+                        (uniformity_axis, "uniformity (lower: more spread)")):
+        axis.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+        axis.set_title(title + "; red: collapse warned")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def write(comparison):
+    """Write the report into ``OUT/report``; returns that folder."""
+    folder = os.path.join(comparison.folder, "report")
+    os.makedirs(folder, exist_ok=True)
+    rows = table_rows(comparison)
+    plots = []
+    if any(row["seeds"] for row in rows.values()):
+        plot_accuracy(rows, os.path.join(folder, "accuracy.png"))
+        plot_curves(comparison, os.path.join(folder, "curves.png"))
+        plot_health(rows, os.path.join(folder, "health.png"))
+        plots = [("accuracy.png", "Each method on the test split, 95 % intervals over seeds"),
+                 ("curves.png", "Loss and kNN monitor over the epochs (seed 0)"),
+                 ("health.png", "Health at the last epoch, each seed a point")]
+    blocks = document(comparison, plots)
+    run_folder.write_text_atomically(os.path.join(folder, "report.md"), markdown(blocks))
+    run_folder.write_text_atomically(os.path.join(folder, "report.html"), page(blocks, folder))
+    return folder

@@ -1,0 +1,448 @@
+"""A comparison's plan, runs and measurements (``caco-compare``; the package's docstring).
+
+``Comparison(folder)`` holds ``plan.json`` (fixed when the comparison starts: a re-run with
+other arguments is refused), ``state.json`` (the calibration) and, in each run's folder,
+``comparison.json`` (what was measured of that run, written atomically after each
+measurement: the runs of a comparison spread over machines write only their own).  The runs go
+in an order where a partial comparison covers every method: the trials trial by trial across
+the methods, then the chosen settings seed by seed (``Comparison.runs``); ``tuning`` hands them
+out.  Each training is ``caco-train``'s (``pretrain.run``, resumed from its checkpoint after a
+signal or a kill); its row's command reruns it.
+"""
+
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import shlex
+import time
+
+import numpy as np
+
+from caco_tf import __version__
+from caco_tf.comparison import splits as splits_lib
+from caco_tf.comparison import trials as trials_lib
+from caco_tf.config import ConfigError, config_path, load_config
+from caco_tf.data import sources
+from caco_tf.training.run_folder import write_json_atomically
+
+# What defines a comparison: a re-run that differs in one of these is another comparison.
+ENTRY = "comparison.json"  # in each run's folder
+PLAN_KEYS = ("config", "data", "labels", "settings", "methods", "trials", "seeds", "seed",
+             "few_labels", "validation_fraction", "test_fraction", "linear_epochs")
+
+
+class Comparison:
+    """The folder of one comparison: ``plan.json``, ``state.json``, ``splits/``, ``runs/``."""
+
+    def __init__(self, folder):
+        self.folder = os.path.abspath(folder)
+        self.plan_path = os.path.join(self.folder, "plan.json")
+        self.state_path = os.path.join(self.folder, "state.json")
+        self.plan, self.state = None, {}
+        if os.path.exists(self.state_path):
+            with open(self.state_path) as handle:
+                self.state = json.load(handle)
+        self.read_plan()
+
+    def read_plan(self):
+        if os.path.exists(self.plan_path):
+            with open(self.plan_path) as handle:
+                self.plan = json.load(handle)
+        return self.plan
+
+    def split(self, name):
+        return os.path.join(self.folder, "splits", f"{name}.json")
+
+    def run_dir(self, key):
+        return os.path.join(self.folder, "runs", *key.split("/"))
+
+    def entry(self, key):
+        """What was measured of run ``key`` (its folder's ``comparison.json``), read afresh:
+        another machine may have measured it."""
+        path = os.path.join(self.run_dir(key), ENTRY)
+        if not os.path.exists(path):
+            return {}
+        with open(path) as handle:
+            return json.load(handle)
+
+    def save_entry(self, key, entry):
+        os.makedirs(self.run_dir(key), exist_ok=True)
+        write_json_atomically(os.path.join(self.run_dir(key), ENTRY), entry, indent=1)
+
+    def save(self):
+        write_json_atomically(self.state_path, self.state, indent=1)
+
+    # ------------------------------------------------------------------ the plan
+    def start(self, arguments, command):
+        """Fix the plan (first start) or check that ``arguments`` are the plan's (a re-run)."""
+        if self.plan is not None:
+            changed = [key for key in PLAN_KEYS if self.plan["arguments"].get(key)
+                       != arguments.get(key)]
+            if changed:
+                raise ConfigError(
+                    f"{self.folder} holds a comparison with other {', '.join(changed)} "
+                    f"({'; '.join(_difference(k, self.plan['arguments'], arguments) for k in changed)}): "
+                    f"run its own command again (plan.json) or choose another --out")
+            return self.plan
+        os.makedirs(os.path.join(self.folder, "splits"), exist_ok=True)
+        config = load_config(arguments["config"], arguments["settings"])
+        methods = arguments["methods"]
+        counts = self._write_splits(arguments, config)
+        fitted = {m: trials_lib.fitted_rows(m, config, counts["tune"]) for m in methods}
+        drawn = {m: trials_lib.draw_trials(m, config, arguments["trials"], arguments["seed"])
+                 for m in methods}
+        self.plan = {
+            "arguments": arguments, "command": command, "caco_tf": __version__,
+            "created": datetime.datetime.now().isoformat(timespec="seconds"),
+            "budget_learning_rate": trials_lib.budget_learning_rate(config),
+            "search_spaces": {m: [[k, list(v)] for k, v in trials_lib.search_space(m, config)]
+                              for m in methods},
+            "trials": drawn, "fitted": fitted, "images": counts,
+            "epochs": config["train"]["epochs"], "batch_size": config["train"]["batch_size"],
+        }
+        write_json_atomically(self.plan_path, self.plan, indent=1)
+        return self.plan
+
+    def _write_splits(self, arguments, config):
+        settings = config["data"]
+        train, held_out = sources.load_source(arguments["data"], settings["channels"],
+                                              settings["data_dir"], settings["manual_dir"])
+        train_labels = labels_of(train, arguments["data"], arguments["labels"])
+        held_out_labels = None  # a labels file labels the training images: the test is carved
+        if held_out is not None and held_out.has_labels and not arguments["labels"]:
+            held_out_labels = labels_of(held_out, arguments["data"], None)
+        carved = splits_lib.carve(train_labels, held_out_labels,
+                                  arguments["validation_fraction"], arguments["test_fraction"],
+                                  arguments["few_labels"], arguments["seed"])
+        counts = {}
+        for name, (part, positions) in carved.items():
+            labels = None
+            if arguments["labels"] and part == "train":
+                labels = train_labels[positions]
+            sources.write_split(self.split(name), arguments["data"], part, positions, labels)
+            counts[name] = len(positions)
+        return counts
+
+    # ------------------------------------------------------------------ the runs
+    def trial_key(self, method, trial):
+        return f"tune/{method}/trial{trial}"
+
+    def final_key(self, method, seed):
+        return f"final/{method}/seed{seed}"
+
+    def settings(self, method, trial, seed, final):
+        """The ``--set`` assignments of one run, after the comparison's shared ones."""
+        data, held_out = ("train", "test") if final else ("tune", "validation")
+        return (list(self.plan["arguments"]["settings"])
+                + [f"method.name={method}"] + self.plan["fitted"][method]
+                + trials_lib.assignments(self.plan["trials"][method][trial])
+                + [f"data.source=split:{self.split(data)}",
+                   f"data.held_out=split:{self.split(held_out)}",
+                   f"train.seed={seed}", f"data.seed={seed}"])
+
+    def runs(self):
+        """[(key, method, trial, seed, final)] in the order they run (the module docstring);
+        a final run's trial is None until its method's trials have all finished."""
+        arguments = self.plan["arguments"]
+        order = []
+        for trial in range(arguments["trials"]):
+            for method in arguments["methods"]:
+                order.append((self.trial_key(method, trial), method, trial, arguments["seed"],
+                              False))
+        for seed in range(arguments["seeds"]):
+            for method in arguments["methods"]:
+                order.append((self.final_key(method, seed), method, self.chosen(method), seed,
+                              True))
+        return order
+
+    def chosen(self, method):
+        """The trial with the best validation kNN (the first of a tie; a failed trial loses),
+        or None while one has not finished."""
+        entries = [self.entry(self.trial_key(method, t))
+                   for t in range(self.plan["arguments"]["trials"])]
+        if any("knn_top1" not in e and "failed" not in e for e in entries):
+            return None
+        scores = [e.get("knn_top1", -math.inf) for e in entries]
+        return max(range(len(scores)), key=lambda t: (scores[t], -t))
+
+    def command(self, key, method, trial, seed, final):
+        """The ``caco-train`` command that trains this run (its row's, in the report)."""
+        parts = ["caco-train", "--config", self.plan["arguments"]["config"], "--run-dir",
+                 self.run_dir(key), "--quiet"]
+        for assignment in self.settings(method, trial, seed, final):
+            parts += ["--set", assignment]
+        return shlex.join(parts)
+
+    def config(self, method, trial, seed, final):
+        return load_config(self.plan["arguments"]["config"],
+                           self.settings(method, trial, seed, final))
+
+    def check(self):
+        """Every run's configuration loads and its data fit (one line otherwise): before the
+        first training, not hours into the comparison."""
+        from caco_tf.build import load_data, plan_run
+
+        loaded = {}  # the training images of the trials and of the chosen settings, read once
+        for method in self.plan["arguments"]["methods"]:
+            for trial in range(self.plan["arguments"]["trials"]):
+                for final in (False, True):
+                    config = self.config(method, trial, 0, final)
+                    try:
+                        if final not in loaded:
+                            loaded[final] = load_data(config)[0]
+                        plan_run(config, loaded[final])
+                    except ConfigError as error:
+                        raise type(error)(f"{method}, trial {trial}: {error}") from None
+
+
+def labels_of(source, spec, labels_file):
+    """The class index of every image of ``source`` (a ``DataError`` line without labels)."""
+    if labels_file:
+        return read_labels_file(labels_file, source)
+    if not source.has_labels:
+        raise sources.DataError(
+            f"{spec} has no labels: a comparison measures every method with them (labels "
+            f"reach evaluation only); use a folder of class sub-folders, an .npz with "
+            f"'labels', or --labels FILE (one 'relative/path.jpg,class' line per image)")
+    labels = sources._labelled(source)
+    if labels is None:
+        raise sources.DataError(f"{spec} is read as records, which a comparison cannot split; "
+                                f"use a folder or an .npz of the images")
+    if len(np.unique(labels)) < 2:
+        raise sources.DataError(f"{spec} holds one class: a comparison needs two or more")
+    return labels
+
+
+def read_labels_file(path, source):
+    """Class indices of a folder source's images from ``path``: one ``relative/path,class``
+    line per image (classes by name, indexed in sorted order)."""
+    import csv
+
+    if not hasattr(source, "paths"):
+        raise sources.DataError(f"--labels {path} labels the files of a folder source")
+    try:
+        with open(path, newline="") as handle:
+            rows = [row for row in csv.reader(handle) if row and not row[0].startswith("#")]
+    except OSError as error:
+        raise sources.DataError(f"--labels {path}: {error.strerror}") from None
+    if any(len(row) != 2 for row in rows):
+        raise sources.DataError(f"--labels {path}: expected 'relative/path,class' lines")
+    by_path = {os.path.normpath(p.strip()): c.strip() for p, c in rows}
+    root = os.path.commonpath([str(p) for p in source.paths]) if len(source.paths) else ""
+    root = root if os.path.isdir(root) else os.path.dirname(root)
+    names = sorted(set(by_path.values()))
+    labels, missing = [], []
+    for file in source.paths:
+        relative = os.path.normpath(os.path.relpath(str(file), root))
+        if relative in by_path:
+            labels.append(names.index(by_path[relative]))
+        else:
+            missing.append(relative)
+    if missing:
+        raise sources.DataError(f"--labels {path} has no line for {len(missing)} image(s), "
+                                f"e.g. {missing[0]}: every image needs its class")
+    return np.asarray(labels, np.int64)
+
+
+def _difference(key, old, new):
+    return f"{key}: {old.get(key)!r} before, {new.get(key)!r} now"
+
+
+# ---------------------------------------------------------------------- running
+@contextlib.contextmanager
+def collapse_warnings(found):
+    """Appends to ``found`` every collapse warning the library logs meanwhile."""
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if message.startswith("warning: collapse"):
+                found.append(message)
+
+    handler = Catch(logging.WARNING)
+    logger = logging.getLogger("caco_tf")
+    logger.addHandler(handler)
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+
+
+def train(comparison, key, method, trial, seed, final):
+    """Train (or resume) one run and record its validation or test kNN and health."""
+    import keras
+
+    from caco_tf import pretrain
+
+    entry = comparison.entry(key)
+    if "knn_top1" in entry or "failed" in entry:
+        return entry
+    run_dir = comparison.run_dir(key)
+    entry.update(method=method, trial=trial, seed=seed,
+                 command=comparison.command(key, method, trial, seed, final))
+    config = comparison.config(method, trial, seed, final)
+    warnings, start = [], time.time()
+    keras.backend.clear_session()
+    try:
+        with collapse_warnings(warnings):
+            results = pretrain.run(config, run_dir, verbose=0)
+    except pretrain.TrainingStopped as error:  # a NaN loss or a collapse: the run loses
+        entry["failed"] = str(error)
+        results = None
+    finally:
+        entry["train_seconds"] = round(entry.get("train_seconds", 0)
+                                       + time.time() - start, 1)
+        entry["collapse_warned"] = entry.get("collapse_warned", False) or bool(warnings)
+        comparison.save_entry(key, entry)  # an interrupted attempt's seconds count too
+    if results is not None:
+        entry["knn_top1"] = results["knn_top1"]
+        entry.update(health(run_dir))
+        comparison.save_entry(key, entry)
+    return entry
+
+
+def health(run_dir):
+    """The last epoch's effective rank and uniformity (history.json)."""
+    from caco_tf.training import run_folder
+
+    history = run_folder.read_history(run_folder.RunFolder(run_dir).history)
+    last = history[-1] if history else {}
+    return {"rank_embedding": last.get("rank_embedding"), "uniformity": last.get("uniformity")}
+
+
+# The evaluations of a final run, each a JSON in its run folder (what the report reads).
+LINEAR, FEW_LABEL = "eval_linear.json", "eval_linear_few_labels.json"
+
+
+def evaluate(comparison, key):
+    """A final run's linear and few-label linear top-1 on the test split (once each)."""
+    from caco_tf.evaluation import protocols
+
+    entry = comparison.entry(key)
+    if "knn_top1" not in entry:
+        return entry
+    arguments, run_dir = comparison.plan["arguments"], comparison.run_dir(key)
+    linear = dict(epochs=arguments["linear_epochs"], verbose=0, seed=entry["seed"])
+    if "linear_top1" not in entry:
+        result = protocols.evaluate("linear", run=run_dir, **linear)
+        write_json_atomically(os.path.join(run_dir, LINEAR), result, indent=1)
+        entry["linear_top1"] = result["top1"]
+        comparison.save_entry(key, entry)
+    if arguments["few_labels"] and "few_label_top1" not in entry:
+        result = protocols.evaluate(
+            "linear", run=run_dir, data=f"split:{comparison.split('few_labels')}",
+            held_out=f"split:{comparison.split('test')}", **linear)
+        write_json_atomically(os.path.join(run_dir, FEW_LABEL), result, indent=1)
+        entry["few_label_top1"] = result["top1"]
+        comparison.save_entry(key, entry)
+    return entry
+
+
+def finished(comparison, key, final, entry=None):
+    """Whether run ``key`` has everything measured (a failed run is finished too)."""
+    entry = comparison.entry(key) if entry is None else entry
+    if "failed" in entry:
+        return True
+    wanted = ["knn_top1"] + (["linear_top1"] if final else []) + (
+        ["few_label_top1"] if final and comparison.plan["arguments"]["few_labels"] else [])
+    return all(name in entry for name in wanted)
+
+
+def run_one(comparison, key, say=print):
+    """Train and measure run ``key`` (what it lacks); returns its entry."""
+    stage, method, which = key.split("/")
+    final = stage == "final"
+    number = int(which.removeprefix("seed" if final else "trial"))
+    trial, seed = ((comparison.chosen(method), number) if final
+                   else (number, comparison.plan["arguments"]["seed"]))
+    say(f"{key}: training{' (trial %d)' % trial if final else ''} ...")
+    entry = train(comparison, key, method, trial, seed, final)
+    if "failed" in entry:
+        say(f"{key}: failed: {entry['failed']}")
+        return entry
+    if final:
+        entry = evaluate(comparison, key)
+    figures = f"kNN {entry['knn_top1']:.1f}%" + (
+        f", linear {entry['linear_top1']:.1f}%" if "linear_top1" in entry else "") + (
+        f", few-label {entry['few_label_top1']:.1f}%" if "few_label_top1" in entry else "")
+    left = sum(1 for k, *_, f in comparison.runs() if not finished(comparison, k, f))
+    say(f"{key}: {'test' if final else 'validation'} {figures} "
+        f"({entry['train_seconds']:.0f} s; {left} run(s) left)")
+    return entry
+
+
+# ---------------------------------------------------------------------- the estimate
+def calibrate(comparison, steps=2, say=print):
+    """Seconds per training step of each method's trial 0 on this machine (a few calls of its
+    model on a batch of random crops, after the first), saved in the state."""
+    import keras
+    import tensorflow as tf
+
+    from caco_tf.build import build_model
+
+    measured = comparison.state.setdefault("calibration", {})
+    for method in comparison.plan["arguments"]["methods"]:
+        if method in measured:
+            continue
+        config = comparison.config(method, 0, 0, False)
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(0)
+        start = time.time()
+        model = build_model(config, steps_per_epoch=100)
+        crops = tuple(tf.random.normal((config["train"]["batch_size"], size, size,
+                                        config["data"]["channels"]))
+                      for size in crop_sizes(config))
+        function = model.make_train_function()
+        per_call = model.steps_per_execution
+        tf.nest.map_structure(lambda t: t.numpy(), function([crops] * per_call))
+        # The last phase (after any warm-up) is the one most steps run: timed there.
+        model.optimizer.iterations.assign(function.starts[-1])
+        tf.nest.map_structure(lambda t: t.numpy(), function([crops] * per_call))
+        setup = time.time() - start
+        start = time.time()
+        for _ in range(steps):
+            tf.nest.map_structure(lambda t: t.numpy(), function([crops] * per_call))
+        measured[method] = {"step_seconds": (time.time() - start) / (steps * per_call),
+                            "setup_seconds": setup}
+        comparison.save()
+        say(f"calibration: {method} {1000 * measured[method]['step_seconds']:.0f} ms a step")
+    return measured
+
+
+def crop_sizes(config):
+    size, local = config["data"]["image_size"], config["data"]["multicrop"]
+    if config["data"]["views"] == "multicrop":
+        return [size, size] + [local["local_size"]] * local["local_crops"]
+    return [size, size]
+
+
+# The steps of a run cost more than the calibration's (the input pipeline, the epoch's end, the
+# kNN and the export): a factor, and seconds per run, measured on this project's runs.
+OVERHEAD_FACTOR = 1.3
+SECONDS_PER_RUN = 20.0
+
+
+def estimate_seconds(comparison):
+    """The seconds the runs the state lacks will take, from the calibration."""
+    calibration = comparison.state.get("calibration", {})
+    plan = comparison.plan
+    total = 0.0
+    for key, method, trial, seed, final in comparison.runs():
+        if finished(comparison, key, final):
+            continue
+        steps = plan["images"]["train" if final else "tune"] // plan["batch_size"] * plan[
+            "epochs"]
+        measured = calibration.get(method, {"step_seconds": 0.0, "setup_seconds": 0.0})
+        total += (steps * measured["step_seconds"] * OVERHEAD_FACTOR
+                  + measured["setup_seconds"] + SECONDS_PER_RUN)
+    return total
+
+
+def config_argument(name):
+    """``--config`` as the plan records it: a shipped name, else the file's absolute path."""
+    from caco_tf.config import shipped_configs
+
+    return name if name in shipped_configs() else os.path.abspath(config_path(name))

@@ -1,0 +1,393 @@
+"""caco-compare: the splits, the trials, the statistics of the report, and the command itself
+(resumed after a SIGTERM with nothing measured twice)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from caco_tf.cli import compare as compare_cli
+from caco_tf.comparison import report, runner, splits, trials
+from caco_tf.config import load_config
+from caco_tf.data import sources
+from caco_tf.methods import METHODS
+
+import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------- the splits
+def test_the_splits_are_stratified_disjoint_and_seeded():
+    labels = np.repeat(np.arange(4), [10, 20, 30, 40])
+    kept, carved = splits.stratified(labels, 0.2, seed=3)
+    assert not set(kept) & set(carved) and len(kept) + len(carved) == len(labels)
+    assert [int((labels[carved] == c).sum()) for c in range(4)] == [2, 4, 6, 8]
+    again = splits.stratified(labels, 0.2, seed=3)[1]
+    other = splits.stratified(labels, 0.2, seed=4)[1]
+    assert np.array_equal(carved, again) and not np.array_equal(carved, other)
+
+    carved_all = splits.carve(labels, None, 0.2, 0.25, per_class=3, seed=0)
+    names = {name: set(positions) for name, (_, positions) in carved_all.items()}
+    assert all(part == "train" for part, _ in carved_all.values())
+    assert not names["test"] & names["train"]  # the test is carved from the images first
+    assert not names["tune"] & names["validation"]
+    assert names["tune"] | names["validation"] == names["train"]
+    assert names["few_labels"] <= names["train"]
+    assert np.bincount(labels[sorted(names["few_labels"])]).tolist() == [3, 3, 3, 3]
+
+    with_held_out = splits.carve(labels, np.arange(7) % 2, 0.2, 0.25, per_class=0, seed=0)
+    assert with_held_out["test"][0] == "held_out" and len(with_held_out["test"][1]) == 7
+    assert len(with_held_out["train"][1]) == len(labels) and "few_labels" not in with_held_out
+
+
+def test_a_split_file_names_its_images_and_may_relabel_them(tmp_path):
+    images = np.arange(10 * 4 * 4, dtype=np.uint8).reshape(10, 4, 4, 1)
+    path = tmp_path / "d.npz"
+    np.savez(path, images=images, labels=np.arange(10) % 2)
+    split = tmp_path / "s.json"
+    sources.write_split(str(split), f"npz:{path}", "train", [1, 4, 7], labels=[5, 6, 5])
+    source, held_out = sources.load_source(f"split:{split}")
+    assert held_out is None and np.array_equal(source.images, images[[1, 4, 7]])
+    assert source.labels.tolist() == [5, 6, 5]
+    sources.write_split(str(split), f"npz:{path}", "train", [3, 12])
+    with pytest.raises(sources.DataError, match="names image 12 of .* which holds 10"):
+        sources.load_source(f"split:{split}")
+    split.write_text("{")
+    with pytest.raises(sources.DataError, match="is not a split"):
+        sources.load_source(f"split:{split}")
+    assert load_config(None, [f"data.source=split:{split}",
+                              f"data.held_out=split:{split}"])["data"]["held_out"]
+
+
+# ---------------------------------------------------------------------- the trials
+@pytest.fixture(scope="module")
+def budget():
+    return load_config("mnist")
+
+
+def test_every_method_gets_the_same_trials_over_the_same_kinds_of_knobs(budget):
+    methods = trials.comparison_methods()
+    assert "caco" in methods and "moco_v2" in methods and "none" not in methods
+    spaces = {m: trials.search_space(m, budget) for m in methods}
+    # The encoder's learning rate and one setting of the method's own, three values each.
+    for method, space in spaces.items():
+        assert [key.split(".")[0] for key, _ in space] == ["train", "method"], method
+        assert space[1][0].startswith(f"method.{method}.")
+        assert [len(values) for _, values in space] == [3, 3], method
+    most = trials.max_trials(methods, budget)
+    assert most == 9
+    for method in methods:
+        drawn = trials.draw_trials(method, budget, most, seed=0)
+        assert len(drawn) == most  # a method cannot get more trials than another
+        assert len({json.dumps(t, sort_keys=True) for t in drawn}) == most
+        first = drawn[0]  # the budget as given
+        assert first["train.learning_rate"] == 0.03
+        assert drawn == trials.draw_trials(method, budget, most, seed=0)
+        for trial in drawn:  # every trial is a valid configuration
+            load_config("mnist", trials.assignments(trial) + [f"method.name={method}"])
+    assert trials.draw_trials("byol", budget, 3, 0) != trials.draw_trials("byol", budget, 3, 1)
+    with pytest.raises(ValueError, match="at most"):
+        trials.draw_trials("byol", budget, 10, 0)
+
+
+def test_banks_and_queues_are_fitted_to_the_images(budget):
+    assert trials.fitted_rows("caco", budget, 4000) == []  # 1,024 rows fit 4,000 images
+    assert trials.fitted_rows("caco", budget, 300) == ["method.caco.bank_size=256"]
+    assert trials.fitted_rows("nnclr", budget, 300) == ["method.nnclr.queue_size=256",
+                                                        "method.nnclr.warmup_bank_size=256"]
+    assert all(setting.rows == (key in ("bank_size", "queue_size", "warmup_bank_size"))
+               for cls in METHODS.values() for key, setting in cls.SETTINGS.items())
+
+
+# ---------------------------------------------------------------------- the report's words
+def rows_of(figures):
+    return {m: {"trial": 0, "health": [], "seeds": {s: {"knn_top1": v}
+                                                   for s, v in enumerate(values)}}
+            for m, values in figures.items()}
+
+
+def test_a_ranking_sentence_needs_a_paired_interval_that_excludes_zero():
+    rows = rows_of({"a": [90.0, 91.0, 92.0], "b": [89.0, 89.9, 91.1], "c": [80.0, 95.0, 91.0]})
+    said = report.sentences(rows, "knn_top1", "kNN top-1")
+    # a - b = 1.0, 1.1, 0.9: mean 1.0, t interval 1.0 ± 4.303·0.1/√3 (closed form)
+    half = 4.302652729911275 * 0.1 / np.sqrt(3)
+    assert f"a above b: +1.0 points [{1 - half:+.2f}, {1 + half:+.2f}]" in said[1]
+    assert "no difference measured between a and c" in said[2]
+    assert said[0] == ("On kNN top-1, a has the highest mean; it is above b by a paired "
+                       "interval that excludes 0, and not distinguishable from c.")
+    assert report.sentences(rows_of({"a": [1.0, 2.0]}), "knn_top1", "kNN") == []
+
+
+def fake_comparison(folder, knn):
+    """A comparison folder as the runner leaves it, without training: plan, state, and the
+    run folders' figures (``knn``: {method: [figure per seed]})."""
+    comparison = runner.Comparison(folder)
+    methods = list(knn)
+    comparison.plan = {
+        "arguments": {"config": "mnist", "data": "mnist", "labels": None, "settings": [],
+                      "methods": methods, "trials": 2, "seeds": 3, "seed": 0,
+                      "few_labels": 0, "validation_fraction": 0.2, "test_fraction": 0.2,
+                      "linear_epochs": 1},
+        "command": "caco-compare --data mnist", "caco_tf": "test", "created": "today",
+        "budget_learning_rate": 0.03, "epochs": 1, "batch_size": 16,
+        "images": {"tune": 3200, "validation": 800, "train": 4000, "test": 1000},
+        "search_spaces": {m: [["train.learning_rate", [0.01, 0.03, 0.09]]] for m in methods},
+        "trials": {m: [{"train.learning_rate": 0.03}, {"train.learning_rate": 0.09}]
+                   for m in methods},
+        "fitted": {m: [] for m in methods}}
+    for method, values in knn.items():
+        for trial, figure in enumerate((50.0, 60.0)):
+            key = comparison.trial_key(method, trial)
+            comparison.save_entry(key, {"knn_top1": figure})
+            with open(os.path.join(comparison.run_dir(key), "results.json"), "w") as handle:
+                json.dump({"knn_top1": figure}, handle)
+        for seed, figure in enumerate(values):
+            key = comparison.final_key(method, seed)
+            comparison.save_entry(key, {"knn_top1": figure, "linear_top1": 0.0,
+                                        "command": "cmd"})
+            for file, value in (("results.json", {"knn_top1": figure}),
+                                (runner.LINEAR, {"top1": figure + 1}),
+                                ("history.json", [{"epoch": 1, "loss": 2.0,
+                                                   "rank_embedding": 10.0,
+                                                   "uniformity": -2.0}])):
+                with open(os.path.join(comparison.run_dir(key), file), "w") as handle:
+                    json.dump(value, handle)
+    return comparison
+
+
+def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
+                                                  "byol": [85.0, 86.0, 86.5]})
+    comparison.save()
+    folder = report.write(comparison)
+    text = open(os.path.join(folder, "report.md")).read()
+    assert "91.0 [88.5, 93.5]" in text  # caco's kNN: mean 91, t interval 91 ± 4.303·1/√3
+    assert "| byol | 1: `train.learning_rate=0.09`" in text  # its better validation trial
+    assert "caco above byol" in text
+    for name in ("report.html", "accuracy.png", "curves.png", "health.png"):
+        assert os.path.getsize(os.path.join(folder, name)) > 1000
+    assert "data:image/png;base64," in open(os.path.join(folder, "report.html")).read()
+    # A figure changed in a run folder changes the report: nothing is typed in.
+    with open(os.path.join(comparison.run_dir("final/byol/seed0"), "results.json"), "w") as f:
+        json.dump({"knn_top1": 95.0}, f)
+    report.write(comparison)
+    assert "89.2 [" in open(os.path.join(folder, "report.md")).read()
+
+
+# ---------------------------------------------------------------------- the command's errors
+def write_folder(root, classes=3, per_class=40, size=16, labelled=True, seed=0):
+    """PNG images of ``classes`` patterns (a bright square at a class's corner on noise)."""
+    rng = np.random.default_rng(seed)
+    for label in range(classes):
+        folder = root / (f"class{label}" if labelled else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        for index in range(per_class):
+            image = rng.integers(0, 120, (size, size, 3)).astype(np.uint8)
+            corner = [(0, 0), (0, size // 2), (size // 2, 0)][label % 3]
+            image[corner[0]:corner[0] + size // 2, corner[1]:corner[1] + size // 2] += 120
+            Image.fromarray(image).save(folder / f"{label}_{index}.png")
+    return root
+
+
+def compare(argv, capsys):
+    status = compare_cli.main(argv)
+    return status, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--methods", "caco,nope"], "--methods: unknown nope; choose from caco, "),
+    (["--methods", "caco,caco"], "--methods names a method twice"),
+    (["--trials", "10"], "--trials must be at most 9"),
+    (["--seeds", "0"], "--seeds must be at least 1, got 0"),
+    (["--set", "data.source=mnist"], "--set data.source=mnist: the comparison sets"),
+    (["--validation-fraction", "1.5"], "--validation-fraction must be between 0 and 1"),
+    (["--epochs", "0"], "train.epochs must be an integer >= 1, got 0"),
+])
+def test_a_bad_argument_is_one_error_line(argv, words, tmp_path, capsys):
+    status, lines = compare(["--config", "mnist", "--data", "mnist", "--out",
+                             str(tmp_path / "c")] + argv, capsys)
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: " + words), lines
+
+
+def test_images_without_labels_are_one_error_line(tmp_path, capsys):
+    folder = write_folder(tmp_path / "flat", per_class=3, labelled=False)
+    status, lines = compare(["--config", "mnist", "--data", f"folder:{folder}", "--out",
+                             str(tmp_path / "c")], capsys)
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: folder:{folder} has no labels: a comparison measures")
+    # A labels file labels them.
+    labels = tmp_path / "labels.csv"
+    labels.write_text("".join(f"{name},{name[0]}\n" for name in
+                              sorted(os.listdir(folder))[:-1]))
+    status, lines = compare(["--config", "mnist", "--data", f"folder:{folder}", "--labels",
+                             str(labels), "--out", str(tmp_path / "d")], capsys)
+    assert status == 2 and "has no line for 1 image(s)" in lines[-1], lines
+
+
+def test_another_comparisons_folder_is_refused(tmp_path, capsys):
+    comparison = fake_comparison(tmp_path / "c", {"caco": [1.0]})
+    with open(comparison.plan_path, "w") as handle:
+        json.dump(comparison.plan, handle)
+    status, lines = compare(["--config", "mnist", "--data", "mnist", "--methods", "caco",
+                             "--trials", "2", "--seeds", "2", "--few-labels", "0",
+                             "--linear-epochs", "1", "--out", str(tmp_path / "c")], capsys)
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0] == (f"error: {tmp_path / 'c'} holds a comparison with other seeds (seeds: 3 "
+                        f"before, 2 now): run its own command again (plan.json) or choose "
+                        f"another --out")
+
+
+# ---------------------------------------------------------------------- the command
+TINY = ["--image-size", "16", "--batch-size", "16", "--views", "symmetric", "--set",
+        "model.widths=[8, 16, 32, 64]", "--set", "model.projector_hidden=32", "--set",
+        "model.embedding_dim=16", "--set", "train.jit_compile=false", "--set",
+        "train.steps_per_execution=1", "--set", "method.caco.warmup_epochs=1", "--set",
+        "evaluation.health_images=64", "--set", "evaluation.knn_monitor_every=0",
+        "--few-labels", "4", "--linear-epochs", "2"]
+
+
+def measured(out):
+    """{run key: its comparison.json} of every run folder of a comparison."""
+    found = {}
+    for stage in ("tune", "final"):
+        for method in sorted(os.listdir(out / "runs" / stage)) if (
+                out / "runs" / stage).exists() else ():
+            for run in sorted(os.listdir(out / "runs" / stage / method)):
+                path = out / "runs" / stage / method / run / runner.ENTRY
+                if path.exists():
+                    found[f"{stage}/{method}/{run}"] = json.loads(path.read_text())
+    return found
+
+
+def compare_command(folder, out):
+    return [sys.executable, "-m", "caco_tf.cli.compare", "--data", f"folder:{folder}",
+            "--config", "mnist", "--methods", "caco", "--epochs", "2",
+            "--trials", "2", "--seeds", "1", "--out", str(out)] + TINY
+
+
+@pytest.mark.slow
+def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(tmp_path):
+    folder = write_folder(tmp_path / "images", classes=3, per_class=40)
+    out = tmp_path / "comparison"
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    log = tmp_path / "first.log"
+    with open(log, "w") as output:
+        process = launch.Popen(compare_command(folder, out), cwd=ROOT, env=env,
+                               stdout=output, stderr=output)
+        deadline = time.time() + 300
+        while "tune/caco/trial1: training" not in log.read_text():
+            assert process.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.2)
+        time.sleep(3)  # inside its second training
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()
+    state = measured(out)
+    before = {key: dict(entry) for key, entry in state.items() if "knn_top1" in entry}
+    assert set(before) == {"tune/caco/trial0"}, log.read_text()
+    stamps = {key: os.path.getmtime(out / "runs" / key / "results.json") for key in before}
+
+    second = launch.run(compare_command(folder, out), cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    lines = second.stderr.splitlines()
+    assert not any(line.startswith("tune/caco/trial0") for line in lines)
+    state = measured(out)
+    for key, entry in before.items():  # measured once: the same figure, the file untouched
+        assert state[key]["knn_top1"] == entry["knn_top1"]
+        assert os.path.getmtime(out / "runs" / key / "results.json") == stamps[key]
+    # The second trial resumed: each of its epochs trained once.
+    history = json.loads((out / "runs" / "tune/caco/trial1" / "history.json").read_text())
+    assert [row["epoch"] for row in history] == [1, 2]
+    assert sorted(state) == ["final/caco/seed0", "tune/caco/trial0", "tune/caco/trial1"]
+    assert all("knn_top1" in entry for entry in state.values())
+    finals = [e for k, e in state.items() if k.startswith("final/")]
+    assert all("linear_top1" in e and "few_label_top1" in e for e in finals)
+    text = (out / "report" / "report.md").read_text()
+    assert "| caco |" in text and "What the kNN top-1 can say" in text
+    for plot in ("accuracy.png", "curves.png", "health.png"):
+        assert (out / "report" / plot).stat().st_size > 1000
+    assert second.stdout.strip().endswith(f"report: {out / 'report' / 'report.md'}")
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_runs_spread_over_two_workers_a_killed_one_resumes_its_run(tmp_path):
+    """KerasTuner's distributed tuning on 127.0.0.1: a chief serving the oracle, two workers;
+    one worker is killed (SIGKILL) mid-training, started again with its tuner id, and resumes
+    the same run: every run trained and counted once."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(120) % 3
+    images = (rng.integers(0, 100, (120, 16, 16, 3)) + 100 * labels[:, None, None, None])
+    np.savez(tmp_path / "images.npz", images=images.astype(np.uint8), labels=labels)
+    out = tmp_path / "comparison"
+    command = [sys.executable, "-m", "caco_tf.cli.compare", "--data",
+               f"npz:{tmp_path / 'images.npz'}",
+               "--config", "mnist", "--methods", "caco,vicreg", "--epochs", "2", "--trials",
+               "1", "--seeds", "1", "--out", str(out)] + TINY
+    port = str(free_port())
+
+    def start(tuner_id, log):
+        env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3",
+                   CUDA_VISIBLE_DEVICES="", KERASTUNER_TUNER_ID=tuner_id,
+                   KERASTUNER_ORACLE_IP="127.0.0.1", KERASTUNER_ORACLE_PORT=port)
+        with open(log, "w") as output:
+            return launch.Popen(command, cwd=ROOT, env=env, stdout=output,
+                                stderr=subprocess.STDOUT)
+
+    logs = {name: tmp_path / f"{name}.log" for name in ("chief", "tuner0", "tuner1", "again")}
+    chief = start("chief", logs["chief"])
+    first = start("tuner0", logs["tuner0"])
+    second = start("tuner1", logs["tuner1"])
+    deadline = time.time() + 300
+    while "training" not in logs["tuner0"].read_text():
+        assert first.poll() is None and time.time() < deadline, logs["tuner0"].read_text()
+        time.sleep(0.2)
+    killed_key = [line for line in logs["tuner0"].read_text().splitlines()
+                  if ": training" in line][0].split(":")[0]
+    time.sleep(2)
+    first.kill()  # SIGKILL: nothing saved since the last checkpoint
+    first.wait()
+    again = start("tuner0", logs["again"])
+    assert again.wait(timeout=600) == 0, logs["again"].read_text()
+    assert second.wait(timeout=600) == 0, logs["tuner1"].read_text()
+    assert chief.wait(timeout=120) == 0, logs["chief"].read_text()
+    started = [line for line in logs["again"].read_text().splitlines() if ": training" in line]
+    assert started[0].startswith(f"{killed_key}: training"), started  # its own run back first
+    state = measured(out)
+    assert sorted(state) == ["final/caco/seed0", "final/vicreg/seed0", "tune/caco/trial0",
+                             "tune/vicreg/trial0"]
+    for key, entry in state.items():
+        assert "knn_top1" in entry, key
+        history = json.loads((out / "runs" / key / "history.json").read_text())
+        assert [row["epoch"] for row in history] == [1, 2], key  # each epoch once
+    completed = [json.loads(path.read_text())
+                 for path in (out / "tuner").glob("trial_*/trial.json")]
+    runs = [trial["hyperparameters"]["values"]["run"] for trial in completed
+            if trial["status"] == "COMPLETED"]
+    assert sorted(runs) == sorted(state)  # each run counted once
+    assert (out / "report" / "report.md").exists()
+
+
+def test_every_pair_that_a_paired_interval_tells_apart():
+    rows = rows_of({"a": [90.0, 91.0, 92.0], "b": [89.0, 89.9, 91.1], "c": [88.8, 89.8, 90.8]})
+    apart, untold = report.every_pair(rows, "knn_top1")
+    # a - c = 1.2 on every seed: an interval of no width; b - c = 0.2, 0.1, 0.3: mean 0.2 ±
+    # 4.303 · 0.1 / √3 = 0.25, which holds 0
+    assert apart == ["a above b: +1.0 points [+0.75, +1.25] (3 paired seeds)",
+                     "a above c: +1.2 points [+1.20, +1.20] (3 paired seeds) (the same "
+                     "difference on every seed: an interval of no width)"]
+    assert untold == 1
