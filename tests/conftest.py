@@ -48,7 +48,8 @@ tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 # The modules that take longest (pytest --durations, two workers), run first: with each module
 # on one worker (pyproject's --dist loadfile), neither worker then waits long for the other at
 # the end.  The other modules follow in their usual order.
-SLOWEST_FIRST = ["test_benchmarks.py", "test_distributed.py", "test_data_service.py", "test_train_cli.py",
+SLOWEST_FIRST = ["test_benchmarks.py", "test_distributed.py", "test_comparison.py",
+                 "test_data_service.py", "test_train_cli.py",
                  "test_long_run_faults.py", "test_augment.py", "test_user_data.py",
                  "test_keras_citizen.py", "test_torch_import.py", "test_data.py",
                  "test_methods_at_scale.py"]
