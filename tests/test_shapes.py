@@ -112,3 +112,20 @@ def test_config_loads():
     assert config["data"]["image_size"] == shapes.SIZE and config["data"]["channels"] == 1
     validation = load_config("shapes", ["data.source=shapes_validation", "method.name=byol"])
     assert validation["data"]["source"] == "shapes_validation"
+
+
+def test_the_pixel_baseline_without_a_run_keeps_the_images_own_size(monkeypatch, tmp_path):
+    """``caco-evaluate knn --pixels --data SOURCE`` without a run: the images' own side (16
+    here), not the default configuration's 28 px (which averaged the shapes' noise away)."""
+    from caco_tf.evaluation import protocols
+
+    rng = np.random.default_rng(0)
+    for name in ("train", "test"):
+        np.savez(tmp_path / f"{name}.npz", images=rng.integers(0, 255, (20, 16, 16, 1), np.uint8),
+                 labels=np.arange(20) % 2)
+    sizes = []
+    monkeypatch.setattr(protocols, "knn", lambda backbone, labelled, preprocessing, *a, **k: (
+        sizes.append(preprocessing.image_size), {"top1": 0.0})[1])
+    protocols.evaluate("knn", data=f"npz:{tmp_path / 'train.npz'}",
+                       held_out=f"npz:{tmp_path / 'test.npz'}", baseline="pixels")
+    assert sizes == [16]

@@ -17,7 +17,7 @@ import re
 import keras
 
 from caco_tf import data
-from caco_tf.data.sources import HELD_OUT_SOURCES
+from caco_tf.data.sources import HELD_OUT_SOURCES, ArraySource
 from caco_tf.build import build_model, build_views, load_data, load_run
 from caco_tf.evaluation import knn as knn_lib
 from caco_tf.evaluation import linear
@@ -159,6 +159,10 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
     loaded = load_run(run) if run else None
     config = loaded.config if loaded else DEFAULTS
     labelled = load_labelled_data(data, config, held_out)
+    if loaded is None and isinstance(labelled.train, ArraySource):
+        # No run to take a size from: the images' own side, not the defaults' 28 px.
+        config = {**config, "data": {**config["data"],
+                                     "image_size": int(labelled.train.images.shape[1])}}
     preprocessing = preprocessing_for(config, pixels=baseline == "pixels",
                                       views=loaded.views if loaded else None)
     if baseline == "pixels":
