@@ -391,3 +391,16 @@ def test_every_pair_that_a_paired_interval_tells_apart():
                      "a above c: +1.2 points [+1.20, +1.20] (3 paired seeds) (the same "
                      "difference on every seed: an interval of no width)"]
     assert untold == 1
+
+
+def test_a_run_that_stops_itself_loses_without_ending_the_search(tmp_path, monkeypatch):
+    """A NaN loss is a finished, failed run: KerasTuner gets a losing score, not a failed trial
+    (three of which in a row would end its search with a traceback)."""
+    from caco_tf.comparison import tuning
+
+    comparison = fake_comparison(tmp_path / "c", {"caco": [1.0]})
+    tuner = tuning.ComparisonTuner(comparison)
+    monkeypatch.setattr(runner, "run_one", lambda c, key, say: {"failed": "the loss became nan"})
+    trial = tuner.oracle.create_trial("tuner0")
+    trial.hyperparameters.values["run"] = "tune/caco/trial0"
+    assert tuner.run_trial(trial) == {"knn_top1": tuning.FAILED_SCORE}

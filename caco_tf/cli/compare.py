@@ -13,6 +13,7 @@ every trial.  Re-running the same command continues where a signal or a kill sto
 (docs/compare.md).
 """
 
+import logging
 import os
 import shlex
 import signal
@@ -143,6 +144,8 @@ def main(argv=None):
 
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, stop_between_runs)
+        # Many models in one process: TensorFlow's retracing notes say nothing to the user.
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
         arguments = arguments_of(args)
         comparison = runner.Comparison(args.out)
         if args.report_only:

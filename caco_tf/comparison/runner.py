@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import shlex
+import sys
 import time
 
 import numpy as np
@@ -254,21 +255,25 @@ def _difference(key, old, new):
 # ---------------------------------------------------------------------- running
 @contextlib.contextmanager
 def collapse_warnings(found):
-    """Appends to ``found`` every collapse warning the library logs meanwhile."""
+    """Appends to ``found`` every collapse warning the library logs meanwhile, and prints each
+    of the library's warnings as ``caco-train`` does (the message alone, on standard error)."""
 
-    class Catch(logging.Handler):
+    class Catch(logging.StreamHandler):
         def emit(self, record):
-            message = record.getMessage()
-            if message.startswith("warning: collapse"):
-                found.append(message)
+            if record.getMessage().startswith("warning: collapse"):
+                found.append(record.getMessage())
+            super().emit(record)
 
-    handler = Catch(logging.WARNING)
+    handler = Catch(sys.stderr)
+    handler.setLevel(logging.WARNING)
     logger = logging.getLogger("caco_tf")
     logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
     try:
         yield found
     finally:
         logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def train(comparison, key, method, trial, seed, final):
