@@ -404,3 +404,14 @@ def test_a_run_that_stops_itself_loses_without_ending_the_search(tmp_path, monke
     trial = tuner.oracle.create_trial("tuner0")
     trial.hyperparameters.values["run"] = "tune/caco/trial0"
     assert tuner.run_trial(trial) == {"knn_top1": tuning.FAILED_SCORE}
+
+
+def test_a_method_whose_every_trial_failed_trains_no_seed(tmp_path):
+    comparison = fake_comparison(tmp_path / "c", {"caco": []})
+    for trial in range(2):
+        comparison.save_entry(comparison.trial_key("caco", trial), {"failed": "nan"})
+    said = []
+    entry = runner.run_one(comparison, "final/caco/seed0", say=said.append)
+    assert "no setting to train" in entry["failed"] and said[0].startswith(
+        "final/caco/seed0: not trained")
+    assert runner.finished(comparison, "final/caco/seed0", True)

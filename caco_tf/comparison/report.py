@@ -60,7 +60,10 @@ def table_rows(comparison):
                 entry = comparison.entry(key)
                 health.append((last.get("rank_embedding"), last.get("uniformity"),
                                bool(entry.get("collapse_warned"))))
-        rows[method] = {"trial": comparison.chosen(method), "seeds": seeds, "health": health}
+        failed = sum("failed" in comparison.entry(comparison.final_key(method, seed))
+                     for seed in range(arguments["seeds"]))
+        rows[method] = {"trial": comparison.chosen(method), "seeds": seeds, "health": health,
+                        "failed": failed}
     return rows
 
 
@@ -186,7 +189,10 @@ def document(comparison, plots):
         spreads = [h[1] for h in health if h[1] is not None]
         health_cell = (f"{_mean(ranks):.1f} · {_mean(spreads):.2f} · "
                        f"{sum(h[2] for h in health)} of {len(health)}") if health else "–"
-        body.append([method, chosen, ", ".join(map(str, sorted(row["seeds"]))) or "–"]
+        seeds = ", ".join(map(str, sorted(row["seeds"]))) or "–"
+        if row.get("failed"):
+            seeds += f" ({row['failed']} stopped itself)"
+        body.append([method, chosen, seeds]
                     + cells + [health_cell])
     blocks += [("h", 2, "The methods on the test split"), ("table", header, body)]
     for key, title, _, _ in PROTOCOLS:

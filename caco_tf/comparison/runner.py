@@ -363,6 +363,13 @@ def run_one(comparison, key, say=print):
     number = int(which.removeprefix("seed" if final else "trial"))
     trial, seed = ((comparison.chosen(method), number) if final
                    else (number, comparison.plan["arguments"]["seed"]))
+    if final and all("failed" in comparison.entry(comparison.trial_key(method, t))
+                     for t in range(comparison.plan["arguments"]["trials"])):
+        entry = {"method": method, "seed": seed, "failed": "every trial stopped itself on the "
+                 "validation split (a NaN loss or a collapse): no setting to train"}
+        comparison.save_entry(key, entry)
+        say(f"{key}: not trained: {entry['failed']}")
+        return entry
     say(f"{key}: training{' (trial %d)' % trial if final else ''} ...")
     entry = train(comparison, key, method, trial, seed, final)
     if "failed" in entry:
