@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 COMMANDS = ("caco-train", "caco-evaluate", "caco-figures", "caco-export", "caco-extract",
-            "caco-import-torch")
+            "caco-import-torch", "caco-data-service", "caco-compare")
 TIMING = ("step_ms", "images_per_s", "data_wait")
 BIN = os.path.dirname(sys.executable)
 
