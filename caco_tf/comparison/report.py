@@ -204,8 +204,9 @@ def document(comparison, plots):
                 f"{untold} not (no difference measured)" + (":" if apart else "."))),
             ] + ([("list", apart)] if apart else [])
     blocks += [("p", "A paired interval is over the seeds both methods finished (seed s: the "
-                     "same split, initialization seed and data order); with 3 seeds it is wide, "
-                     "and \"no difference measured\" is not \"equal\".")]
+                     "same split, initialization seed and data order); with "
+                     f"{arguments['seeds']} seeds it is wide, and \"no difference measured\" "
+                     "is not \"equal\".")]
     for file, caption in plots:
         blocks.append(("image", file, caption))
     blocks += [("h", 2, "Every trial on the validation split")]
