@@ -333,6 +333,8 @@ def plot_accuracy(rows, path):
             axis.errorbar(xs, means, yerr=errors, fmt="o", capsize=3, label=title)
     axis.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
     axis.set_ylabel("test top-1 (%)")
+    low, high = axis.get_ylim()  # a t interval of few seeds can pass 0 or 100: accuracies cannot
+    axis.set_ylim(max(low, 0.0), min(high, 100.0))
     axis.set_title("Each method on the test split: mean and 95 % interval over seeds")
     axis.legend(fontsize="small")
     axis.grid(axis="y", alpha=0.3)
