@@ -105,7 +105,7 @@ def sentences(rows, metric, title):
     if len(order) < 2:
         return []
     best = order[0]
-    said = []
+    said, above = [], []
     for other in order[1:]:
         found = paired(rows, metric, best, other)
         if found is None:
@@ -114,13 +114,13 @@ def sentences(rows, metric, title):
             continue
         result, count = found
         d = result.difference
+        if result.verdict == f"{best} above {other}":
+            above.append(other)
         words = (f"{best} above {other}" if result.verdict == f"{best} above {other}"
                  else f"{other} above {best}" if result.verdict != statistics.NO_DIFFERENCE
                  else f"no difference measured between {best} and {other}")
         said.append(f"{words}: {d.mean:+.1f} points [{d.low:+.2f}, {d.high:+.2f}] "
                     f"({count} paired seeds).")
-    above = [o for o in order[1:] if (paired(rows, metric, best, o) or (None,))[0] is not None
-             and paired(rows, metric, best, o)[0].verdict == f"{best} above {o}"]
     summary = (f"On {title}, {best} has the highest mean; it is above "
                f"{', '.join(above)} by a paired interval that excludes 0"
                if above else f"On {title}, {best} has the highest mean, but no paired interval "

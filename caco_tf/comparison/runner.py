@@ -29,8 +29,8 @@ from caco_tf.config import ConfigError, config_path, load_config
 from caco_tf.data import sources
 from caco_tf.training.run_folder import write_json_atomically
 
+ENTRY = "comparison.json"  # in each run's folder: what was measured of that run
 # What defines a comparison: a re-run that differs in one of these is another comparison.
-ENTRY = "comparison.json"  # in each run's folder
 PLAN_KEYS = ("config", "data", "labels", "settings", "methods", "trials", "seeds", "seed",
              "few_labels", "validation_fraction", "test_fraction", "linear_epochs")
 
@@ -153,10 +153,10 @@ class Comparison:
             for method in arguments["methods"]:
                 order.append((self.trial_key(method, trial), method, trial, arguments["seed"],
                               False))
+        chosen = {method: self.chosen(method) for method in arguments["methods"]}
         for seed in range(arguments["seeds"]):
             for method in arguments["methods"]:
-                order.append((self.final_key(method, seed), method, self.chosen(method), seed,
-                              True))
+                order.append((self.final_key(method, seed), method, chosen[method], seed, True))
         return order
 
     def chosen(self, method):

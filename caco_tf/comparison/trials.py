@@ -9,6 +9,7 @@ rest of the grid by a generator seeded with the comparison's seed and the method
 """
 
 import itertools
+import json
 import random
 
 from caco_tf.methods import METHODS
@@ -52,8 +53,8 @@ def draw_trials(method, config, count, seed=0):
 
 
 def assignments(trial):
-    """A trial as ``--set`` assignments."""
-    return [f"{key}={_text(value)}" for key, value in trial.items()]
+    """A trial as ``--set`` assignments (values as JSON, which YAML reads back)."""
+    return [f"{key}={json.dumps(value)}" for key, value in trial.items()]
 
 
 def fitted_rows(method, config, images):
@@ -89,7 +90,3 @@ def _current(config, key):
 def _round(value):
     return float(f"{value:.4g}")
 
-
-def _text(value):
-    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(
-        value, float) else str(value)

@@ -17,7 +17,6 @@ and resumes it from its checkpoint; a measurement is never taken twice, since ea
 folder records what it has.
 """
 
-import os
 import time
 
 import keras_tuner
@@ -96,10 +95,6 @@ class ComparisonTuner(base_tuner.BaseTuner):
         raise NotImplementedError("a comparison's models are in its run folders")
 
 
-def is_distributed():
-    return distributed.has_chief_oracle()
-
-
 def is_chief():
     """Whether this process serves the oracle (or runs alone)."""
     return not distributed.has_chief_oracle() or distributed.is_chief_oracle()
@@ -127,7 +122,3 @@ def wait_for_plan(comparison, seconds=600.0, poll=1.0):
                               f"folder every machine shares")
         time.sleep(poll)
     return comparison.plan
-
-
-def tuner_folder(comparison):
-    return os.path.join(comparison.folder, "tuner")
