@@ -415,3 +415,24 @@ def test_a_method_whose_every_trial_failed_trains_no_seed(tmp_path):
     assert "no setting to train" in entry["failed"] and said[0].startswith(
         "final/caco/seed0: not trained")
     assert runner.finished(comparison, "final/caco/seed0", True)
+
+
+def test_a_run_the_data_cannot_hold_is_refused_before_the_plan_is_fixed(tmp_path, capsys):
+    """The check of every run comes before plan.json: the corrected command then starts in the
+    same folder instead of being refused as another comparison's."""
+    labels = np.arange(40) % 2
+    images = (np.random.default_rng(0).integers(0, 100, (40, 16, 16, 1))
+              + 100 * labels[:, None, None, None]).astype(np.uint8)
+    np.savez(tmp_path / "d.npz", images=images, labels=labels)
+    out = tmp_path / "c"
+    argv = ["--config", "mnist", "--data", f"npz:{tmp_path / 'd.npz'}", "--methods", "caco",
+            "--trials", "1", "--seeds", "1", "--few-labels", "0", "--out", str(out),
+            "--image-size", "16", "--dry-run"] + TINY[6:16]
+    status, lines = compare(argv + ["--batch-size", "64"], capsys)
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: caco, trial 0: train.batch_size 64 is larger than the "
+                               "data set"), lines
+    assert not (out / "plan.json").exists()
+    status, lines = compare(argv + ["--batch-size", "8", "--set", "method.caco.bank_size=16"],
+                            capsys)
+    assert (out / "plan.json").exists() and not any("holds a comparison" in l for l in lines)

@@ -82,7 +82,7 @@ def arguments_of(args):
     """The comparison's defining arguments (``runner.PLAN_KEYS``), checked: a ``ConfigError``
     line for a bad one."""
     from caco_tf.comparison import runner, trials
-    from caco_tf.config import ConfigError, load_config
+    from caco_tf.config import ConfigError
     from caco_tf.methods import METHODS
 
     every = trials.comparison_methods()
@@ -113,17 +113,18 @@ def arguments_of(args):
         ("train.epochs", args.epochs), ("train.batch_size", args.batch_size),
         ("data.image_size", args.image_size), ("model.backbone", args.backbone),
         ("data.views", args.views)) if value is not None] + list(args.set)
-    config = load_config(args.config, settings)  # one line for a bad setting, now
+    arguments = {"config": runner.config_argument(args.config), "data": args.data,
+                 "labels": os.path.abspath(args.labels) if args.labels else None,
+                 "settings": settings, "methods": methods, "trials": args.trials,
+                 "seeds": args.seeds, "seed": args.seed, "few_labels": args.few_labels,
+                 "validation_fraction": args.validation_fraction,
+                 "test_fraction": args.test_fraction, "linear_epochs": args.linear_epochs}
+    config = runner.budget_config(arguments)  # one line for a bad setting, now
     most = trials.max_trials(methods, config)
     if args.trials > most:
         raise ConfigError(f"--trials must be at most {most}: each method's search space holds "
                           f"{most} settings (docs/compare.md)")
-    return {"config": runner.config_argument(args.config), "data": args.data,
-            "labels": os.path.abspath(args.labels) if args.labels else None,
-            "settings": settings, "methods": methods, "trials": args.trials,
-            "seeds": args.seeds, "seed": args.seed, "few_labels": args.few_labels,
-            "validation_fraction": args.validation_fraction,
-            "test_fraction": args.test_fraction, "linear_epochs": args.linear_epochs}
+    return arguments
 
 
 def stop_between_runs(signum, frame):
@@ -160,10 +161,6 @@ def main(argv=None):
             tuning.search(comparison, say=cli.say)
             return 0
         comparison.start(arguments, shlex.join(["caco-compare"] + list(argv)))
-        if not comparison.state.get("checked"):
-            comparison.check()
-            comparison.state["checked"] = True
-            comparison.save()
         runner.calibrate(comparison, say=cli.say)
         cli.say(describe(comparison, runner.estimate_seconds(comparison)))
         if args.dry_run:

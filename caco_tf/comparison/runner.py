@@ -27,6 +27,7 @@ from caco_tf.comparison import splits as splits_lib
 from caco_tf.comparison import trials as trials_lib
 from caco_tf.config import ConfigError, config_path, load_config
 from caco_tf.data import sources
+from caco_tf.errors import UserError
 from caco_tf.training.run_folder import write_json_atomically
 
 ENTRY = "comparison.json"  # in each run's folder: what was measured of that run
@@ -89,7 +90,7 @@ class Comparison:
                     f"run its own command again (plan.json) or choose another --out")
             return self.plan
         os.makedirs(os.path.join(self.folder, "splits"), exist_ok=True)
-        config = load_config(arguments["config"], arguments["settings"])
+        config = budget_config(arguments)
         methods = arguments["methods"]
         counts = self._write_splits(arguments, config)
         fitted = {m: trials_lib.fitted_rows(m, config, counts["tune"]) for m in methods}
@@ -104,6 +105,11 @@ class Comparison:
             "trials": drawn, "fitted": fitted, "images": counts,
             "epochs": config["train"]["epochs"], "batch_size": config["train"]["batch_size"],
         }
+        try:
+            self.check()
+        except UserError:
+            self.plan = None  # no plan.json: the same folder takes the corrected command
+            raise
         write_json_atomically(self.plan_path, self.plan, indent=1)
         return self.plan
 
@@ -183,7 +189,7 @@ class Comparison:
 
     def check(self):
         """Every run's configuration loads and its data fit (one line otherwise): before the
-        first training, not hours into the comparison."""
+        plan is written, not hours into the comparison."""
         from caco_tf.build import load_data, plan_run
 
         loaded = {}  # the training images of the trials and of the chosen settings, read once
@@ -195,8 +201,15 @@ class Comparison:
                         if final not in loaded:
                             loaded[final] = load_data(config)[0]
                         plan_run(config, loaded[final])
-                    except ConfigError as error:
+                    except UserError as error:
                         raise type(error)(f"{method}, trial {trial}: {error}") from None
+
+
+def budget_config(arguments):
+    """The shared budget on the user's images (a bad setting is one line, checked against
+    their source, not the budget file's own)."""
+    return load_config(arguments["config"],
+                       arguments["settings"] + [f"data.source={arguments['data']}"])
 
 
 def labels_of(source, spec, labels_file):
