@@ -52,11 +52,12 @@ def test_a_split_file_names_its_images_and_may_relabel_them(tmp_path):
     path = tmp_path / "d.npz"
     np.savez(path, images=images, labels=np.arange(10) % 2)
     split = tmp_path / "s.json"
-    sources.write_split(str(split), f"npz:{path}", "train", [1, 4, 7], labels=[5, 6, 5])
+    split.write_text(json.dumps(sources.split_file(f"npz:{path}", "train", [1, 4, 7],
+                                                   labels=[5, 6, 5])))
     source, held_out = sources.load_source(f"split:{split}")
     assert held_out is None and np.array_equal(source.images, images[[1, 4, 7]])
     assert source.labels.tolist() == [5, 6, 5]
-    sources.write_split(str(split), f"npz:{path}", "train", [3, 12])
+    split.write_text(json.dumps(sources.split_file(f"npz:{path}", "train", [3, 12])))
     with pytest.raises(sources.DataError, match="names image 12 of .* which holds 10"):
         sources.load_source(f"split:{split}")
     split.write_text("{")
@@ -436,3 +437,24 @@ def test_a_run_the_data_cannot_hold_is_refused_before_the_plan_is_fixed(tmp_path
     status, lines = compare(argv + ["--batch-size", "8", "--set", "method.caco.bank_size=16"],
                             capsys)
     assert (out / "plan.json").exists() and not any("holds a comparison" in l for l in lines)
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_leaves_no_half_written_file(tmp_path):
+    """A real full disk (a tmpfs too small for the splits): exit 74, one error line naming
+    the file and what to do, and no split file cut short."""
+    from test_long_run_faults import tmpfs
+
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    with tmpfs(tmp_path / "disk", 24 << 10) as disk:
+        result = launch.run([sys.executable, "-m", "caco_tf.cli.compare", "--config", "mnist",
+                             "--data", "mnist", "--methods", "caco", "--out",
+                             os.path.join(disk, "c")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 74, result.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "free space" in lines[0]
+        for name in os.listdir(os.path.join(disk, "c", "splits")):
+            with open(os.path.join(disk, "c", "splits", name)) as handle:
+                json.load(handle)  # whole, or absent
+        assert not os.path.exists(os.path.join(disk, "c", "plan.json"))

@@ -141,34 +141,44 @@ def main(argv=None):
     cli.start(["--verbose"] if args.verbose else [])
 
     def work():
-        from caco_tf.comparison import report, runner, tuning
+        from caco_tf.training import run_folder
 
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, stop_between_runs)
-        # Many models in one process: TensorFlow's retracing notes say nothing to the user.
-        logging.getLogger("tensorflow").setLevel(logging.ERROR)
-        arguments = arguments_of(args)
-        comparison = runner.Comparison(args.out)
-        if args.report_only:
-            if comparison.plan is None:
-                from caco_tf.config import ConfigError
-
-                raise ConfigError(f"{comparison.folder} holds no comparison yet")
-            return write_report(comparison, report)
-        if not tuning.is_chief():  # a worker of a comparison spread over machines
-            tuning.wait_for_plan(comparison)
-            comparison.start(arguments, "")  # refuses other arguments than the chief's
-            tuning.search(comparison, say=cli.say)
-            return 0
-        comparison.start(arguments, shlex.join(["caco-compare"] + list(argv)))
-        runner.calibrate(comparison, say=cli.say)
-        cli.say(describe(comparison, runner.estimate_seconds(comparison)))
-        if args.dry_run:
-            return 0
-        tuning.search(comparison, say=cli.say)
-        return write_report(comparison, report)
+        try:
+            return compare(args, argv)
+        except OSError as error:  # the comparison's own files (a run's are WriteErrors already)
+            raise run_folder.write_error(error, error.filename or args.out) from None
 
     return cli.guard(work)
+
+
+def compare(args, argv):
+    """The command's work: plan, run, report (``main`` turns its errors into one line)."""
+    from caco_tf.comparison import report, runner, tuning
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop_between_runs)
+    # Many models in one process: TensorFlow's retracing notes say nothing to the user.
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    arguments = arguments_of(args)
+    comparison = runner.Comparison(args.out)
+    if args.report_only:
+        if comparison.plan is None:
+            from caco_tf.config import ConfigError
+
+            raise ConfigError(f"{comparison.folder} holds no comparison yet")
+        return write_report(comparison, report)
+    if not tuning.is_chief():  # a worker of a comparison spread over machines
+        tuning.wait_for_plan(comparison)
+        comparison.start(arguments, "")  # refuses other arguments than the chief's
+        tuning.search(comparison, say=cli.say)
+        return 0
+    comparison.start(arguments, shlex.join(["caco-compare"] + list(argv)))
+    runner.calibrate(comparison, say=cli.say)
+    cli.say(describe(comparison, runner.estimate_seconds(comparison)))
+    if args.dry_run:
+        return 0
+    tuning.search(comparison, say=cli.say)
+    return write_report(comparison, report)
 
 
 def describe(comparison, seconds):

@@ -129,7 +129,8 @@ class Comparison:
             labels = None
             if arguments["labels"] and part == "train":
                 labels = train_labels[positions]
-            sources.write_split(self.split(name), arguments["data"], part, positions, labels)
+            write_json_atomically(self.split(name), sources.split_file(
+                arguments["data"], part, positions, labels))
             counts[name] = len(positions)
         return counts
 

@@ -1,5 +1,5 @@
 """The splits of a comparison, carved once and written as split files (``split:PATH.json``,
-``caco_tf.data.sources.write_split``), so that every run reads exactly its images.
+``caco_tf.data.sources.split_file``), so that every run reads exactly its images.
 
 - **test**: the source's own held-out split (MNIST's, a folder's ``val/``, ...), else a
   stratified ``test_fraction`` of its images; measured once per seed, it chooses nothing;

@@ -27,6 +27,7 @@ from keras_tuner.src.engine import trial as trial_module
 from caco_tf.comparison import runner
 from caco_tf.errors import UserError
 from caco_tf.training.interrupts import Interrupted
+from caco_tf.training.run_folder import write_error
 
 RUNNING, IDLE, STOPPED = (trial_module.TrialStatus.RUNNING, trial_module.TrialStatus.IDLE,
                           trial_module.TrialStatus.STOPPED)
@@ -83,6 +84,8 @@ class ComparisonTuner(base_tuner.BaseTuner):
             entry = runner.run_one(self.comparison, key, say=self.say)
         except (Interrupted, UserError) as error:
             raise PassedThrough(error) from None
+        except OSError as error:  # the comparison's own files: a full disk is one line too
+            raise PassedThrough(write_error(error, error.filename or key)) from None
         # A run that stopped itself (a NaN loss) is finished and loses; KerasTuner's book gets
         # a score below any accuracy (its failed trials would end the search after three).
         return {"knn_top1": entry.get("knn_top1", FAILED_SCORE)}

@@ -15,7 +15,7 @@
 - ``tfds:NAME[:SPLIT]``: a TensorFlow Datasets data set (split ``train`` by default), read from
   ``data_dir`` and prepared (downloaded, or from ``manual_dir`` for imagenet2012) if needed;
 - ``tfrecord:GLOB``: TFRecord shards of ``image/encoded`` (+ ``image/class/label``) examples;
-- ``split:PATH.json``: chosen images of another source, by position (``write_split``): the
+- ``split:PATH.json``: chosen images of another source, by position (``split_file``): the
   training, validation and test splits that ``caco-compare`` carves.
 
 ``load_held_out`` reads a labelled held-out source of the user's choosing (``data.held_out``),
@@ -795,21 +795,18 @@ def npz_source(path, channels=1):
     return ArraySource(convert_array_channels(images, channels), labels, name=path)
 
 
-def write_split(path, spec, part, positions, labels=None):
-    """Write the split ``split:PATH`` reads: the images at ``positions`` of ``spec``'s ``part``
-    ("train" or "held_out", as ``load_source`` returns them), with ``labels`` (class indices, one
-    per position) in place of the source's own when given."""
-    import json
-
+def split_file(spec, part, positions, labels=None):
+    """What a split file (``split:PATH``, as JSON) holds: the images at ``positions`` of
+    ``spec``'s ``part`` ("train" or "held_out", as ``load_source`` returns them), with
+    ``labels`` (class indices, one per position) in place of the source's own when given."""
     split = {"source": spec, "part": part, "positions": [int(p) for p in positions]}
     if labels is not None:
         split["labels"] = [int(label) for label in labels]
-    with open(path, "w") as handle:
-        json.dump(split, handle)
+    return split
 
 
 def split_source(path, channels=1, data_dir=None, manual_dir=None):
-    """The images a split file names (``write_split``), as a source of the same kind."""
+    """The images a split file names (``split_file``), as a source of the same kind."""
     import json
 
     try:
