@@ -188,7 +188,10 @@ def build_planned_model(config, plan, views=None):
     # Multi-crop feeds crops of two sizes: the backbone takes any size.
     backbone = backbones.build_backbone(
         model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
-        sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"])
+        sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"],
+        image_size=size, drop_path=model_config["drop_path"],
+        position_embedding=model_config["position_embedding"],
+        frozen_patch_embedding=model_config["frozen_patch_embedding"])
     # The projector's shape is the method's (its reference's), its widths the run's.
     projector = backbones.build_mlp(
         backbone.output_shape[-1], model_config["projector_hidden"],
@@ -208,7 +211,11 @@ def build_planned_model(config, plan, views=None):
         optimizer=optimizers.build_encoder_optimizer(
             plan.batch_size, plan.total_steps, train["lr_warmup_epochs"] * plan.steps_per_epoch,
             optimizer=train["optimizer"], learning_rate=train["learning_rate"],
-            weight_decay=train["weight_decay"], momentum=train["momentum"]),
+            weight_decay=train["weight_decay"], momentum=train["momentum"],
+            weight_decay_end=train["weight_decay_end"],
+            decay_biases_and_norms=train["decay_biases_and_norms"],
+            clip_gradient_norm=train["clip_gradient_norm"],
+            final_learning_rate=train["final_learning_rate"]),
         jit_compile=jit_compile, steps_per_execution=train["steps_per_execution"])
     return model
 

@@ -20,7 +20,7 @@ import re
 import yaml
 
 from caco_tf.errors import ConfigError
-from caco_tf.nets.sizes import DOWNSAMPLING, feature_map_size, smallest_image
+from caco_tf.nets.sizes import DOWNSAMPLING, VIT_SHAPES, feature_map_size, smallest_image
 from caco_tf.settings import (Rule, Setting, boolean, choice, integer, is_int,
                               is_service_address, number, optional, span, text)
 
@@ -280,6 +280,18 @@ CORE_SETTINGS = {
         1, integer(1, 16),
         "1: global average pooling; g: the mean of each cell of a gxg grid over the last feature "
         "map, flattened"),
+    # The Vision Transformers' own (nets.vit); the other backbones refuse them.
+    "model.drop_path": Setting(
+        0.0, number(0.0, 1.0, high_open=True),
+        "a ViT's stochastic depth: the last block's rate, the others' rising from 0 (DINO's "
+        "drop_path_rate)"),
+    "model.position_embedding": Setting(
+        "learned", choice("learned", "sincos"),
+        "a ViT's position embeddings: learned (DINO; resized bicubically for other crop sizes) "
+        "or fixed 2-D sine-cosine (MoCo v3)"),
+    "model.frozen_patch_embedding": Setting(
+        False, boolean(), "a ViT's patch projection stays at its random initialization (MoCo "
+        "v3's stop_grad_conv1, which it found stabilizes training)"),
     "model.projector_hidden": Setting(2048, integer(1), "the projection MLP's hidden width"),
     "model.embedding_dim": Setting(
         256, integer(1), "D, the embedding's (and the bank rows') dimension"),
@@ -289,14 +301,27 @@ CORE_SETTINGS = {
     "train.epochs": Setting(200, integer(1), "epochs, warm-up included"),
     "train.batch_size": Setting(256, integer(1), "the global batch, split over the replicas"),
     "train.optimizer": Setting(
-        "auto", choice("auto", "sgd", "lars"),
-        "auto: SGD below a batch of 1,024, LARS from it (the paper's rule)"),
-    # None: 0.03·batch/256 (sgd) or 0.3·batch/256 (lars).
+        "auto", choice("auto", "sgd", "lars", "adamw"),
+        "auto: SGD below a batch of 1,024, LARS from it (the paper's rule); adamw: PyTorch's "
+        "AdamW (the ViT recipes)"),
+    # None: 0.03·batch/256 (sgd), 0.3·batch/256 (lars) or 5e-4·batch/256 (adamw, DINO's).
     "train.learning_rate": Setting(
         None, optional(number(0.0, low_open=True), "the paper's rule from the batch"),
         "the encoder's peak learning rate", derived=float),
     "train.weight_decay": Setting(
         1e-4, number(0.0), "the encoder's (coupled, PyTorch-style) weight decay"),
+    "train.weight_decay_end": Setting(
+        None, optional(number(0.0), "constant"),
+        "adamw: the weight decay at the end of the run, reached on a cosine (DINO's "
+        "--weight_decay_end)", derived=float),
+    "train.decay_biases_and_norms": Setting(
+        True, boolean(), "decay the 1-D parameters (biases, norms' scales and shifts) too; "
+        "false: DINO's parameter groups (LARS never decays them)"),
+    "train.clip_gradient_norm": Setting(
+        0.0, number(0.0), "clip each parameter's gradient to this norm, summed over the "
+        "replicas (DINO's --clip_grad 3.0); 0: off"),
+    "train.final_learning_rate": Setting(
+        0.0, number(0.0), "the learning rate the cosine ends at (DINO's --min_lr)"),
     "train.momentum": Setting(
         0.9, number(0.0, 1.0, high_open=True), "the encoder optimizer's momentum"),
     "train.lr_warmup_epochs": Setting(
@@ -538,6 +563,10 @@ def _validate(config):
     if warmup >= train["epochs"]:
         raise ConfigError(f"method.{section}.warmup_epochs must be below train.epochs "
                           f"({train['epochs']}), got {warmup}")
+    if train["weight_decay_end"] is not None and train["optimizer"] != "adamw":
+        raise ConfigError(f"train.weight_decay_end needs train.optimizer adamw (the SGD and "
+                          f"LARS decay is coupled and constant), got train.optimizer "
+                          f"{train['optimizer']}")
     if train["lr_warmup_epochs"] > train["epochs"]:
         raise ConfigError(f"train.lr_warmup_epochs must be at most train.epochs "
                           f"({train['epochs']}), got {train['lr_warmup_epochs']}")
@@ -560,6 +589,7 @@ def _validate(config):
     if model["widths"] is not None and model["backbone"] != "small_convnet":
         raise ConfigError(f"model.widths applies to small_convnet only, not to "
                           f"model.backbone {model['backbone']}")
+    _check_vit(model)
     _check_image_sizes(data, model)
     if (data["views"] == "digits" and data["source"] in ("mnist", "mnist_validation")
             and data["image_size"] != MNIST_SIZE):
@@ -567,6 +597,21 @@ def _validate(config):
                           f"data.source {data['source']} (the digit views keep the images' "
                           f"{MNIST_SIZE} px), got {data['image_size']}: or choose colour views "
                           f"(data.views asymmetric or symmetric), which crop to any size")
+
+
+def _check_vit(model):
+    """The ViT settings on a ViT only; a ViT's features are its class token's (no grid)."""
+    if model["backbone"] in VIT_SHAPES:
+        if model["pool_grid"] != 1:
+            raise ConfigError(f"model.pool_grid must be 1 with model.backbone "
+                              f"{model['backbone']} (its features are the class token's), "
+                              f"got {model['pool_grid']}")
+        return
+    for key, default in (("drop_path", 0.0), ("position_embedding", "learned"),
+                         ("frozen_patch_embedding", False)):
+        if model[key] != default:
+            raise ConfigError(f"model.{key} applies to the vit_* backbones, not to "
+                              f"model.backbone {model['backbone']}: remove it or choose a ViT")
 
 
 def _check_image_sizes(data, model):

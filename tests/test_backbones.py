@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+
+from caco_tf.nets.vit import VIT_PRESETS
 import tensorflow as tf
 import keras
 from keras import layers
@@ -249,7 +251,8 @@ def test_unknown_backbone_lists_known_names():
     assert "resnet1000" in msg
     for name in ("resnet50", "resnet18", "cifar_resnet18", "small_convnet"):
         assert name in msg
-    assert set(BACKBONE_NAMES) == {"resnet50", "resnet18", "cifar_resnet18", "small_convnet"}
+    assert set(BACKBONE_NAMES) == {"resnet50", "resnet18", "cifar_resnet18", "small_convnet",
+                                   *VIT_PRESETS}
 
 
 @pytest.mark.parametrize("name, channels", [

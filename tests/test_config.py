@@ -48,7 +48,7 @@ def test_a_per_step_setting_takes_a_number_or_a_schedule():
     ("train.epochs=2.5", "train.epochs must be of type int"),
     ("model.sync_batchnorm=1", "model.sync_batchnorm must be true or false"),
     ("method.caco.temperature=0", "method.caco.temperature must be a number > 0, got 0.0"),
-    ("train.optimizer=adam", "train.optimizer must be one of auto, sgd, lars, got 'adam'"),
+    ("train.optimizer=adam", "train.optimizer must be one of auto, sgd, lars, adamw, got 'adam'"),
     ("model=3", "model must be a mapping"),
     ("method=simclr", "method must be a mapping of settings (the method itself is method.name)"),
     ("method.method=simclr", "caco.method was renamed method.name in caco_tf 0.3.0"),

@@ -22,7 +22,7 @@ from test_methods import NEW
 from tiny_methods import BATCH, SIZE, by_tier, tiny, views
 
 
-def _step(method, replicas=1):
+def _step(method, replicas=1, **tiny_arguments):
     """One step of ``method`` on a global batch of 4·BATCH (local crops for multi-crop
     methods), run eagerly (what is global is the same in a compiled step, and a compiled
     step traces once per replica: tests/test_distributed.py compiles them); the model and
@@ -30,7 +30,7 @@ def _step(method, replicas=1):
     multi = methods.model_class(method).MULTI_CROP
     batch = views(batch=4 * BATCH, local_crops=2 if multi else 0)
     with _cpus(replicas).scope() if replicas > 1 else contextlib.nullcontext():
-        model = tiny(method, sync=True, any_size=multi, run_eagerly=True)
+        model = tiny(method, sync=True, any_size=multi, run_eagerly=True, **tiny_arguments)
     history = model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0).history
     return model, history["loss"][0]
 
@@ -50,16 +50,16 @@ def test_one_replica_equals_two_and_four(method):
 STEPS, EPOCHS, IMAGES = 2, 2, 2 * BATCH
 
 
-def _train(method, folder, stop_after=None):
+def _train(method, folder, stop_after=None, **tiny_arguments):
     """``EPOCHS`` epochs of ``STEPS`` steps from the run folder's resume state, as
     ``caco_tf.pretrain`` trains (the resume state, its signal handling, the input stream's
     position); a real SIGTERM to this process after global step ``stop_after``.  Returns
     (the model, the last epoch's logs)."""
     keras.utils.set_random_seed(0)
     # Eager: the same machinery without a trace per model (tests/test_train_cli.py compiles).
-    model = tiny(method, run_eagerly=True, **(
+    model = tiny(method, run_eagerly=True, **dict(tiny_arguments, **(
         {"freeze_prototypes_steps": 2} if method == "swav" else
-        {"freeze_last_layer_steps": 2} if method == "dino" else {}))
+        {"freeze_last_layer_steps": 2} if method == "dino" else {})))
     images = np.random.default_rng(0).integers(0, 256, (IMAGES, SIZE, SIZE, 1), np.uint8)
     point = RunFolder(folder).read_backup()
     dataset = data.pretrain_dataset(images, BATCH, augment.DigitViews(), seed=0,

@@ -340,4 +340,6 @@ def test_build_encoder_optimizer():
     assert opt._learning_rate.base_value == pytest.approx(0.7)
 
     with pytest.raises(ValueError):
-        build_encoder_optimizer(256, 100, 10, optimizer="adamw")
+        build_encoder_optimizer(256, 100, 10, optimizer="adam")
+    with pytest.raises(ValueError, match="needs the adamw optimizer"):
+        build_encoder_optimizer(256, 100, 10, weight_decay_end=0.4)

@@ -42,21 +42,25 @@ def by_tier(names):
 
 
 def tiny(method, warmup_steps=0, sync=False, any_size=False, steps_per_execution=1,
-         optimizer=None, run_eagerly=False, **arguments):
+         optimizer=None, run_eagerly=False, backbone=None, **arguments):
     """A compiled tiny model of ``method`` (SGD 0.1, momentum 0.9); ``arguments`` override its
-    own.  ``any_size``: the backbone takes crops of every size (multi-crop)."""
+    own.  ``any_size``: the backbone takes crops of every size (multi-crop).  ``backbone``:
+    ``backbone(input_shape)`` builds another backbone than the one-convolution one."""
     keras.utils.set_random_seed(0)
-    backbone = keras.Sequential([
-        keras.Input((None, None, 1) if any_size else (SIZE, SIZE, 1)),
+    shape = (None, None, 1) if any_size else (SIZE, SIZE, 1)
+    backbone = backbone(shape) if backbone else keras.Sequential([
+        keras.Input(shape),
         keras.layers.Conv2D(4, 3, strides=2, use_bias=False),
         BatchNormalization(synchronized=sync),
         keras.layers.ReLU(),
         keras.layers.GlobalAveragePooling2D()], name="backbone")
     cls = methods.model_class(method)
-    projector = backbones.build_mlp(4, 16, 6, sync_batchnorm=sync, name="projector",
-                                    **cls.PROJECTOR)
+    projector = backbones.build_mlp(backbone.output_shape[-1], 16, 6, sync_batchnorm=sync,
+                                    name="projector", **cls.PROJECTOR)
     given = dict(ARGUMENTS[method], **arguments)
     model = cls(backbone, projector, warmup_steps=warmup_steps, sync_batchnorm=sync, **given)
+    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = optimizer()  # built here, in the caller's strategy scope
     model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1, momentum=0.9),
                   steps_per_execution=steps_per_execution, run_eagerly=run_eagerly)
     return model

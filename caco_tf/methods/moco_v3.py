@@ -34,6 +34,10 @@ class MoCoV3(Method):
             "rises to 1 on a cosine)", schedule="cosine to 1", tiny=0.9),
         "predictor_hidden": Setting(4096, integer(1), "the predictor's hidden width",
                                     trained=True, tiny=16),
+        # builder.py's MoCo_ViT: 3 projector layers (the ResNet's 2: MoCo_ResNet).
+        "projector_layers": Setting(
+            2, integer(2, 3), "the projector's Linear layers: 2 (ResNet-50's) or 3 (ViT's)",
+            trained=True, passed=False),
         **warmup_settings(epochs=0, own_bank=False),
     }
     WARMUP = BankWarmup
@@ -41,6 +45,10 @@ class MoCoV3(Method):
     HEADS = ("predictor",)
     DOCS_ROW = {"state": "–", "global batch": "the keys"}
     PROJECTOR = dict(layers_count=2, last_batchnorm="plain")
+
+    @classmethod
+    def projector_shape(cls, settings):
+        return dict(cls.PROJECTOR, layers_count=settings["projector_layers"])
 
     def build_heads(self):
         self.predictor = build_mlp(self.embedding_dim, self.predictor_hidden,

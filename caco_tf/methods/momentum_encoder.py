@@ -48,8 +48,9 @@ class MomentumEncoder(keras.Model):
         """A teacher built from copies of ``backbone``, ``projector`` and ``heads``, equal to
         the student's chain: ``student``, the embedding network then the heads (their weights,
         BatchNorm statistics included, in the teacher's order)."""
-        encoder = cls(keras.models.clone_model(backbone), keras.models.clone_model(projector),
-                      momentum, heads=[_copy_layer(head) for head in heads])
+        encoder = cls(keras.models.clone_model(backbone, clone_function=_teacher_layer),
+                      keras.models.clone_model(projector), momentum,
+                      heads=[_copy_layer(head) for head in heads])
         encoder.set_weights([w for part in student for w in part.get_weights()])
         return encoder
 
@@ -66,6 +67,15 @@ class MomentumEncoder(keras.Model):
         """θ_t ← θ_s for every parameter."""
         for teacher, student in zip(self.trainable_variables, student_variables):
             teacher.assign(student)
+
+
+def _teacher_layer(layer):
+    """A copy of a backbone's layer for the teacher, without stochastic depth (DINO's and
+    MoCo v3's teachers are built with drop_path_rate 0)."""
+    config = layer.get_config()
+    if "drop_path" in config:
+        config["drop_path"] = 0.0
+    return layer.__class__.from_config(config)
 
 
 def _copy_layer(layer):

@@ -23,6 +23,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import keras
 from keras import layers
 
+from caco_tf.nets import vit
 from caco_tf.nets.layers import BatchNormalization
 
 __all__ = ["BACKBONE_NAMES", "build_backbone", "build_mlp", "build_projector"]
@@ -247,7 +248,7 @@ _BACKBONES: Dict[str, Tuple[Callable[..., keras.Model], Tuple[int, int, int]]] =
 }
 
 #: Names accepted by :func:`build_backbone`.
-BACKBONE_NAMES: Tuple[str, ...] = tuple(_BACKBONES)
+BACKBONE_NAMES: Tuple[str, ...] = tuple(_BACKBONES) + tuple(vit.VIT_PRESETS)
 
 
 def build_backbone(
@@ -256,6 +257,10 @@ def build_backbone(
     sync_batchnorm: bool = False,
     widths: Optional[Sequence[int]] = None,
     pool_grid: int = 1,
+    image_size: Optional[int] = None,
+    drop_path: float = 0.0,
+    position_embedding: str = "learned",
+    frozen_patch_embedding: bool = False,
 ) -> keras.Model:
     """Build a backbone mapping images ``[B, H, W, C]`` to features ``[B, F]``.
 
@@ -270,10 +275,21 @@ def build_backbone(
         default.  The ResNets have fixed widths.
       pool_grid: 1 for global average pooling; g > 1 averages each cell of a g×g grid of the
         last feature map and flattens them (the map must be at least g×g).
+      image_size, drop_path, position_embedding, frozen_patch_embedding: a ViT's
+        (``vit.build_vit``: ``vit_*`` names give the class token's features, F = the width).
 
     Raises:
       ValueError: if ``name`` is not a known backbone or ``pool_grid`` is not positive.
     """
+    if vit.is_vit(name):
+        if widths is not None or int(pool_grid) != 1:
+            raise ValueError(f"{name} takes neither widths nor a pool_grid above 1")
+        return vit.build_vit(name, input_shape or (224, 224, 3), image_size=image_size,
+                             drop_path=drop_path, positions=position_embedding,
+                             frozen_patch_embedding=frozen_patch_embedding)
+    if drop_path or position_embedding != "learned" or frozen_patch_embedding:
+        raise ValueError(f"drop_path, position_embedding and frozen_patch_embedding apply to "
+                         f"the vit_* backbones, not {name!r}")
     if name not in _BACKBONES:
         raise ValueError(
             f"Unknown backbone {name!r}; known backbones: {', '.join(BACKBONE_NAMES)}"

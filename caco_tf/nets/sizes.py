@@ -5,11 +5,26 @@ checks the two agree).  Plain Python: a configuration is checked before anything
 # (kernel, stride, padding) of every layer that changes the map's size, in order.
 _RESNET_STEM = [(7, 2, 3), (3, 2, 1)]        # conv1, max-pool
 _RESNET_STAGES = [(3, 2, 1)] * 3             # the first 3x3 conv of stages 2, 3 and 4
+
+#: The Vision Transformers ``nets.vit`` builds: name -> (patch, width, blocks, heads).  tiny,
+#: small and base as DeiT's and DINO's; micro_patch4 for 28-32 px images on a CPU (7x7 or 8x8
+#: patches, 4 blocks of width 96).
+VIT_SHAPES = {
+    "vit_tiny_patch16": (16, 192, 12, 3),
+    "vit_small_patch16": (16, 384, 12, 6),
+    "vit_small_patch8": (8, 384, 12, 6),
+    "vit_base_patch16": (16, 768, 12, 12),
+    "vit_base_patch8": (8, 768, 12, 12),
+    "vit_micro_patch4": (4, 96, 4, 3),
+}
+
 DOWNSAMPLING = {  # every backbone ``backbones`` builds (the configuration's choices)
     "small_convnet": [(3, 1, 1), (3, 2, 1), (3, 2, 1), (3, 2, 1)],
     "cifar_resnet18": [(3, 1, 1)] + _RESNET_STAGES,
     "resnet18": _RESNET_STEM + _RESNET_STAGES,
     "resnet50": _RESNET_STEM + _RESNET_STAGES,
+    # A ViT's patch embedding: kernel = stride = the patch (the patch grid is its "map").
+    **{name: [(shape[0], shape[0], 0)] for name, shape in VIT_SHAPES.items()},
 }
 
 

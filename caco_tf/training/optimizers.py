@@ -6,6 +6,9 @@ code (PyTorch) on top of the Keras 3 optimizer API:
 * :class:`LARS` -- momentum SGD with *coupled* L2 weight decay and an optional
   layer-wise trust ratio (LARS).  With ``layer_adaptation=False`` it reduces
   to ``torch.optim.SGD(momentum=m, weight_decay=wd)``.
+* :class:`AdamW` -- ``torch.optim.AdamW`` (the ViT recipes of DINO and MoCo v3), with
+  the weight decay a schedule of the step (DINO's cosine 0.04 → 0.4) and DINO's per-tensor
+  gradient clipping.
 * :class:`WarmupCosine` -- linear warm-up followed by a cosine decay, the
   per-iteration learning-rate schedule of the reference code.
 * :class:`CosineMomentum` -- cosine increase of the key-encoder EMA momentum
@@ -26,6 +29,8 @@ from caco_tf import keras_compat
 
 __all__ = [
     "LARS",
+    "AdamW",
+    "clip_by_tensor_norm",
     "WarmupCosine",
     "CosineMomentum",
     "paper_learning_rate",
@@ -38,7 +43,8 @@ __all__ = [
 # Global batch size from which the paper switches from SGD to LARS.
 LARS_BATCH_THRESHOLD = 1024
 # Base learning rates per 256 samples (linear scaling rule).
-_BASE_LR_PER_256 = {"sgd": 0.03, "lars": 0.3}
+# AdamW: DINO's --lr (its ViT recipes; MoCo v3's ViT takes 1.5e-4).
+_BASE_LR_PER_256 = {"sgd": 0.03, "lars": 0.3, "adamw": 5e-4}
 
 
 def _l2_norm(x):
@@ -105,6 +111,8 @@ class LARS(keras.optimizers.Optimizer):
         weight_decay=1e-4,
         trust_coefficient=0.001,
         layer_adaptation=True,
+        decay_rank1=True,
+        clip_tensor_norm=0.0,
         name="lars",
         **kwargs,
     ):
@@ -131,6 +139,7 @@ class LARS(keras.optimizers.Optimizer):
         self.coupled_weight_decay = weight_decay
         self.trust_coefficient = trust_coefficient
         self.layer_adaptation = bool(layer_adaptation)
+        self.decay_rank1, self.clip_tensor_norm = bool(decay_rank1), float(clip_tensor_norm)
 
     def build(self, variables):
         """Create one momentum buffer per trainable variable."""
@@ -146,6 +155,8 @@ class LARS(keras.optimizers.Optimizer):
         dtype = variable.dtype
         learning_rate = ops.cast(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
+        if self.clip_tensor_norm > 0.0:
+            gradient = clip_by_tensor_norm(gradient, ops.cast(self.clip_tensor_norm, dtype))
         mu = self.momentums[keras_compat.optimizer_variable_index(self, variable)]
 
         # Ranks are static, so these branches are resolved at trace time.
@@ -153,7 +164,7 @@ class LARS(keras.optimizers.Optimizer):
         use_decay = (
             self.coupled_weight_decay > 0.0
             and keras_compat.uses_weight_decay(self, variable)
-            and (is_matrix or not self.layer_adaptation)
+            and (is_matrix or (not self.layer_adaptation and self.decay_rank1))
         )
         if use_decay:
             gradient = ops.add(
@@ -199,8 +210,85 @@ class LARS(keras.optimizers.Optimizer):
                 "weight_decay": self.coupled_weight_decay,
                 "trust_coefficient": self.trust_coefficient,
                 "layer_adaptation": self.layer_adaptation,
+                "decay_rank1": self.decay_rank1,
+                "clip_tensor_norm": self.clip_tensor_norm,
             }
         )
+        return config
+
+
+def clip_by_tensor_norm(gradient, clip):
+    """DINO's ``clip_gradients``: a tensor's gradient scaled by clip / (‖g‖ + 1e-6) when that
+    is below 1.  Applied in ``update_step``, to the gradient summed over the replicas (Keras'
+    own ``clipnorm`` clips each replica's share before the sum)."""
+    factor = clip / (_l2_norm(gradient) + 1e-6)
+    return ops.multiply(gradient, ops.minimum(factor, 1.0))
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
+class AdamW(keras.optimizers.Optimizer):
+    """``torch.optim.AdamW``: for each variable p with gradient g, at step t (from 1)::
+
+        p = p · (1 - lr · wd(t))                  (decoupled decay; not for excluded p)
+        m = β1·m + (1 - β1)·g ;  v = β2·v + (1 - β2)·g²
+        p = p - lr · (m / (1 - β1^t)) / (√(v / (1 - β2^t)) + ε)
+
+    PyTorch's ε sits outside the bias-corrected root (Keras' Adam folds the correction into
+    the step size, which moves ε).  ``weight_decay`` may be a schedule of the step (DINO's
+    cosine from 0.04 to 0.4).  ``decay_rank1=False`` exempts every variable of rank ≤ 1
+    (biases, LayerNorm and BatchNorm scales and shifts: DINO's ``get_params_groups``);
+    ``clip_tensor_norm`` > 0 clips each tensor's gradient first (DINO's ``clip_gradients``).
+    """
+
+    def __init__(self, learning_rate=1e-3, weight_decay=0.01, beta_1=0.9, beta_2=0.999,
+                 epsilon=1e-8, decay_rank1=True, clip_tensor_norm=0.0, name="adamw",
+                 **kwargs):
+        kwargs.pop("weight_decay", None)
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        if isinstance(weight_decay, dict):  # from get_config
+            weight_decay = keras.saving.deserialize_keras_object(weight_decay)
+        self.decoupled_weight_decay = weight_decay
+        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        self.decay_rank1, self.clip_tensor_norm = bool(decay_rank1), float(clip_tensor_norm)
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self.first_moments = self.add_optimizer_variables(variables, "m")
+        self.second_moments = self.add_optimizer_variables(variables, "v")
+
+    def current_weight_decay(self):
+        """wd at this step (the optimizer's ``iterations`` before its increment)."""
+        return ops.cast(as_schedule(self.decoupled_weight_decay)(self.iterations), "float32")
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        learning_rate = ops.cast(learning_rate, dtype)
+        gradient = ops.cast(gradient, dtype)
+        if self.clip_tensor_norm > 0.0:
+            gradient = clip_by_tensor_norm(gradient, ops.cast(self.clip_tensor_norm, dtype))
+        index = keras_compat.optimizer_variable_index(self, variable)
+        m, v = self.first_moments[index], self.second_moments[index]
+        step = ops.cast(self.iterations + 1, dtype)
+        if (self.decay_rank1 or len(variable.shape) > 1) and keras_compat.uses_weight_decay(
+                self, variable):
+            decay = ops.cast(self.current_weight_decay(), dtype)
+            self.assign(variable, ops.multiply(variable, 1.0 - learning_rate * decay))
+        self.assign(m, self.beta_1 * m + (1.0 - self.beta_1) * gradient)
+        self.assign(v, self.beta_2 * v + (1.0 - self.beta_2) * ops.square(gradient))
+        first = m / (1.0 - ops.power(ops.cast(self.beta_1, dtype), step))
+        second = v / (1.0 - ops.power(ops.cast(self.beta_2, dtype), step))
+        self.assign_sub(variable, learning_rate * first / (ops.sqrt(second) + self.epsilon))
+
+    def get_config(self):
+        config = super().get_config()
+        decay = self.decoupled_weight_decay
+        config.update({
+            "weight_decay": keras.saving.serialize_keras_object(decay)
+            if isinstance(decay, keras.optimizers.schedules.LearningRateSchedule) else decay,
+            "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+            "decay_rank1": self.decay_rank1, "clip_tensor_norm": self.clip_tensor_norm})
         return config
 
 
@@ -373,8 +461,8 @@ def paper_learning_rate(batch_size: int, optimizer: str = "auto"):
         kind = "lars" if batch_size >= LARS_BATCH_THRESHOLD else "sgd"
     if kind not in _BASE_LR_PER_256:
         raise ValueError(
-            f"Unknown optimizer {optimizer!r}; expected 'auto', 'sgd' or "
-            "'lars'."
+            f"Unknown optimizer {optimizer!r}; expected 'auto', 'sgd', "
+            "'lars' or 'adamw'."
         )
     return kind, _BASE_LR_PER_256[kind] * batch_size / 256.0
 
@@ -387,7 +475,11 @@ def build_encoder_optimizer(
     learning_rate: float | None = None,
     weight_decay: float = 1e-4,
     momentum: float = 0.9,
-) -> LARS:
+    weight_decay_end: float | None = None,
+    decay_biases_and_norms: bool = True,
+    clip_gradient_norm: float = 0.0,
+    final_learning_rate: float = 0.0,
+) -> keras.optimizers.Optimizer:
     """Build the encoder optimizer with a warm-up + cosine schedule.
 
     Both kinds are returned as :class:`LARS`: ``"lars"`` enables the
@@ -401,8 +493,14 @@ def build_encoder_optimizer(
         optimizer: ``"auto"``, ``"sgd"`` or ``"lars"``.
         learning_rate: if given, overrides the paper's base learning rate
             (the peak of the schedule).
-        weight_decay: coupled L2 coefficient.
+        weight_decay: coupled L2 coefficient (decoupled for ``"adamw"``).
         momentum: SGD momentum.
+        weight_decay_end: ``"adamw"``: the weight decay at the end, reached on a cosine
+            (DINO's ``--weight_decay_end``); ``None``: constant.
+        decay_biases_and_norms: decay the variables of rank <= 1 too (off: DINO's groups).
+        clip_gradient_norm: > 0 clips each tensor's gradient to this norm (DINO's
+            ``--clip_grad``).
+        final_learning_rate: the cosine's end (DINO's ``--min_lr``).
     """
     kind, base_lr = paper_learning_rate(batch_size, optimizer)
     if learning_rate is not None:
@@ -411,11 +509,22 @@ def build_encoder_optimizer(
         base_value=base_lr,
         total_steps=total_steps,
         warmup_steps=warmup_steps,
+        final_value=final_learning_rate,
     )
+    if kind == "adamw":
+        decay = weight_decay if weight_decay_end is None else WarmupCosine(
+            weight_decay, total_steps, final_value=weight_decay_end)
+        return AdamW(learning_rate=schedule, weight_decay=decay,
+                     decay_rank1=decay_biases_and_norms, clip_tensor_norm=clip_gradient_norm)
+    if weight_decay_end is not None:
+        raise ValueError(f"a weight decay schedule (weight_decay_end {weight_decay_end}) "
+                         f"needs the adamw optimizer, not {kind}")
     return LARS(
         learning_rate=schedule,
         momentum=momentum,
         weight_decay=weight_decay,
         layer_adaptation=(kind == "lars"),
+        decay_rank1=decay_biases_and_norms,
+        clip_tensor_norm=clip_gradient_norm,
         name=kind,
     )
