@@ -5,6 +5,7 @@ thresholded maps, AdamW against torch.optim.AdamW (scheduled decay, groups, clip
 exports checked by their runtimes, and the configuration's one-line refusals."""
 
 import math
+import os
 
 import keras
 import numpy as np
@@ -312,3 +313,41 @@ def test_a_vit_stopped_by_sigterm_resumes_bit_for_bit(method, tmp_path):
     for a, b in zip(uninterrupted.weights + uninterrupted.optimizer.variables,
                     resumed.weights + resumed.optimizer.variables):
         np.testing.assert_array_equal(b.numpy(), a.numpy(), err_msg=a.path)
+
+
+# ------------------------------------------------------------------ caco-figures attention
+def test_the_attention_command_writes_each_images_maps_and_a_sheet(tmp_path, capsys):
+    from PIL import Image
+
+    from caco_tf.cli import figures
+    from tiny_run import make_run
+
+    run, _ = make_run(tmp_path / "run", overrides=[
+        "model.backbone=vit_micro_patch4", "model.pool_grid=1", "data.views=asymmetric"])
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for index, size in enumerate((28, 40, 64)):
+        Image.fromarray(np.random.default_rng(index).integers(
+            0, 256, (size, size + 5, 3), np.uint8)).save(folder / f"image{index}.png")
+    assert figures.main(["attention", "--run", run, "--images", str(folder)]) == 0
+    written = sorted(os.listdir(os.path.join(run, "figures", "attention")))
+    assert written == ["attention_sheet.png"] + [f"image{i}_attention.png" for i in range(3)]
+    assert "figure:" in capsys.readouterr().out
+
+    convnet, _ = make_run(tmp_path / "convnet")
+    assert figures.main(["attention", "--run", convnet, "--images", str(folder)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "attention maps need a ViT run" in error
+
+
+def test_attention_maps_upsample_each_patch_and_hold_the_fraction():
+    from caco_tf.evaluation.attention import attention_maps
+
+    model = vit.build_vit(TINY, (8, 8, 1))
+    images = np.random.default_rng(0).normal(size=(2, 8, 8, 1)).astype("float32")
+    maps, masks = attention_maps(model, images, TINY.patch)
+    attention = np.asarray(vit.class_attention(model, images))
+    assert maps.shape == masks.shape == (2, TINY.heads, 8, 8)
+    np.testing.assert_allclose(maps[:, :, ::4, ::4], attention)  # one patch, 4x4 pixels
+    kept = (masks[:, :, ::4, ::4] * attention).sum(axis=(2, 3))
+    assert np.all(kept / attention.sum(axis=(2, 3)) >= 0.6)

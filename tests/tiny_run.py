@@ -33,10 +33,11 @@ def offline_digits(folder, train, held_out):
     return paths
 
 
-def make_run(directory, history=None):
-    """config.yaml, checkpoints/last.weights.h5 and (optionally) history.json in ``directory``."""
+def make_run(directory, history=None, overrides=()):
+    """config.yaml, checkpoints/last.weights.h5 and (optionally) history.json in ``directory``;
+    ``overrides``: more ``--set`` assignments."""
     keras.utils.set_random_seed(0)
-    config = load_config(None, OVERRIDES)
+    config = load_config(None, OVERRIDES + list(overrides))
     folder = RunFolder(str(directory))
     os.makedirs(os.path.dirname(folder.checkpoint), exist_ok=True)
     with open(folder.config, "w") as handle:

@@ -2,8 +2,10 @@
 
     caco-figures --run RUN_DIR [--out DIR] [--queries 6] [--negatives 6]
                  [--points 1000] [--max-train 20000] [--seed 0]
+    caco-figures attention --run RUN_DIR --images FILE_OR_FOLDER [--out DIR] [--fraction 0.6]
 
-Writes prob_acc.png, t_sne.png and query_ex.png (``caco_tf.evaluation.figures``).
+The first writes prob_acc.png, t_sne.png and query_ex.png (``caco_tf.evaluation.figures``);
+``attention`` a ViT run's self-attention maps (``caco_tf.evaluation.attention``).
 """
 
 import os
@@ -26,7 +28,41 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def parse_attention_args(argv):
+    parser = cli.ArgumentParser(
+        prog="caco-figures attention",
+        description="A ViT run's self-attention maps: each head's class-token attention of the "
+                    "last block over each image, and the smallest patch sets holding a "
+                    "fraction of it (DINO's figures).")
+    parser.add_argument("--run", required=True, help="run folder written by caco-train (a ViT)")
+    parser.add_argument("--images", required=True, help="an image file or a folder of images")
+    parser.add_argument("--out", help="output folder (default: RUN/figures/attention)")
+    parser.add_argument("--fraction", type=float, default=0.6,
+                        help="the share of each head's attention the masks hold (DINO: 0.6)")
+    cli.verbose_argument(parser)
+    return parser.parse_args(argv)
+
+
+def attention_main(argv):
+    args = parse_attention_args(argv)
+    cli.start(["--verbose"] if args.verbose else [])
+
+    def work():
+        from caco_tf.evaluation.attention import attention_figures
+
+        for path in attention_figures(args.run, args.images, args.out, args.fraction):
+            print(f"figure: {os.path.abspath(path)}")
+        return 0
+
+    return cli.guard(work)
+
+
 def main(argv=None):
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["attention"]:
+        return attention_main(argv[1:])
     args = parse_args(argv)
     cli.start(["--verbose"] if args.verbose else [])
 

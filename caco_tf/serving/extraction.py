@@ -102,7 +102,7 @@ def list_image_files(folder):
     return files
 
 
-def _read_image(path):
+def read_image(path):
     """uint8 RGB [H, W, 3], or None when the file cannot be read or decoded."""
     try:
         with open(path, "rb") as handle:
@@ -119,7 +119,7 @@ def folder_source(folder):
     classes = sorted({name for name in class_names if name is not None})
     index = {name: i for i, name in enumerate(classes)}
     labels = [index.get(name, -1) for name in class_names]
-    records = ((_read_image(path), label, path) for path, label in zip(files, labels))
+    records = ((read_image(path), label, path) for path, label in zip(files, labels))
     return Source(len(files), classes, records)
 
 
