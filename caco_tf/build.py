@@ -191,7 +191,8 @@ def build_planned_model(config, plan, views=None):
         sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"],
         image_size=size, drop_path=model_config["drop_path"],
         position_embedding=model_config["position_embedding"],
-        frozen_patch_embedding=model_config["frozen_patch_embedding"])
+        frozen_patch_embedding=model_config["frozen_patch_embedding"],
+        hub_arguments=model_config["backbone_arguments"])
     # The projector's shape is the method's (its reference's), its widths the run's.
     projector = backbones.build_mlp(
         backbone.output_shape[-1], model_config["projector_hidden"],

@@ -63,7 +63,7 @@ def _merge(base, override, path=()):
                               f"configuration")
         if key not in base:
             raise _unknown_key(where, base, value)
-        if isinstance(base[key], dict):
+        if isinstance(base[key], dict) and ".".join(where) not in _tables().settings:
             if not isinstance(value, dict):
                 hint = " (the method itself is method.name)" if where == ("method",) else ""
                 raise ConfigError(f"{'.'.join(where)} must be a mapping of settings{hint}")
@@ -200,6 +200,7 @@ def _source(value, held_out=False):
 
 
 BACKBONES = tuple(DOWNSAMPLING)
+HUB_PREFIX = "keras_hub:"  # serving.hub's
 VIEWS = ("digits", "asymmetric", "symmetric", "cifar", "imagenet", "multicrop")
 
 
@@ -268,7 +269,15 @@ CORE_SETTINGS = {
     "data.seed": Setting(
         0, integer(0), "the seed of the order of the images and of every view"),
     "model.backbone": Setting(
-        "small_convnet", choice(*BACKBONES), "the encoder's backbone (images to pooled features)"),
+        "small_convnet", Rule(lambda v: v in BACKBONES or (
+            isinstance(v, str) and v.startswith(HUB_PREFIX) and len(v) > len(HUB_PREFIX)),
+            "one of " + ", ".join(BACKBONES) + ", or keras_hub:CLASS or keras_hub:PRESET_DIR"),
+        "the encoder's backbone (images to pooled features); keras_hub:CLASS builds a KerasHub "
+        "backbone class with model.backbone_arguments, keras_hub:DIR loads a preset directory "
+        "(the hub extra)"),
+    "model.backbone_arguments": Setting(
+        {}, Rule(lambda v: isinstance(v, dict), "a mapping of argument names to values"),
+        "keras_hub:CLASS's arguments, e.g. {stackwise_num_filters: [16, 32], ...}"),
     "model.widths": Setting(
         None, optional(Rule(lambda v: isinstance(v, list) and len(v) == 4 and all(
             is_int(w) and w >= 1 for w in v), "4 positive integers"),
@@ -601,6 +610,13 @@ def _validate(config):
 
 def _check_vit(model):
     """The ViT settings on a ViT only; a ViT's features are its class token's (no grid)."""
+    hub = model["backbone"].startswith(HUB_PREFIX)
+    if model["backbone_arguments"] and not hub:
+        raise ConfigError(f"model.backbone_arguments apply to a keras_hub: backbone, not to "
+                          f"model.backbone {model['backbone']}")
+    if hub and model["pool_grid"] != 1:
+        raise ConfigError(f"model.pool_grid must be 1 with model.backbone {model['backbone']} "
+                          f"(its map is averaged), got {model['pool_grid']}")
     if model["backbone"] in VIT_SHAPES:
         if model["pool_grid"] != 1:
             raise ConfigError(f"model.pool_grid must be 1 with model.backbone "
@@ -618,6 +634,8 @@ def _check_image_sizes(data, model):
     """Images too small for the backbone's downsampling are refused before anything is built:
     the last feature map must hold the ``model.pool_grid`` cells."""
 
+    if model["backbone"] not in DOWNSAMPLING:  # a KerasHub backbone checks its own input
+        return
     sizes = [("data.image_size", data["image_size"])]
     if data["views"] == "multicrop":
         sizes.append(("data.multicrop.local_size", data["multicrop"]["local_size"]))

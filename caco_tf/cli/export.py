@@ -1,6 +1,6 @@
 """Export a run's backbone for serving (``caco-export``, ``python export/export_saved_model.py``).
 
-    caco-export --run runs/mnist [--format saved_model|onnx|litert] [--out PATH]
+    caco-export --run runs/mnist [--format saved_model|onnx|litert|keras-hub] [--out PATH]
                 [--output features|embedding] [--serving-version N] [--crop-fraction 0.875]
 
 ``--run``: a run folder (rebuilt from its ``config.yaml`` and last checkpoint) or a ``.keras``
@@ -9,7 +9,8 @@ file (``RUN/model.keras``).  ``saved_model`` (the default) writes TF Serving's
 the end of every run), signatures and preprocessing in ``caco_tf/serving/export.py``; ``onnx``
 and ``litert`` write one file (default ``RUN/backbone.onnx`` / ``RUN/backbone.tflite``, or
 ``embedding.*`` for ``--output embedding``): uint8 [batch, S, S, C] in, the features (or
-embedding) out, ``caco_tf/serving/interop.py``.
+embedding) out, ``caco_tf/serving/interop.py``; ``keras-hub`` a KerasHub preset directory
+(default ``RUN/keras_hub_preset``; the optional extra, ``caco_tf/serving/hub.py``).
 """
 
 import os
@@ -29,7 +30,8 @@ def parse_args(argv):
     parser.add_argument("--run", required=True,
                         help="run folder written by caco-train, or its model.keras")
     parser.add_argument("--format", choices=FORMATS, default="saved_model")
-    parser.add_argument("--out", help="output folder (saved_model) or file (onnx, litert)")
+    parser.add_argument("--out", help="output folder (saved_model, keras-hub) or file (onnx, "
+                                      "litert)")
     parser.add_argument("--output", choices=("features", "embedding"), default="features",
                         help="onnx, litert: the backbone's features or the L2-normalized "
                              "embedding (the SavedModel serves both)")
@@ -67,7 +69,11 @@ def main(argv=None):
                   else args.run)
         model = run.model
         model.preprocessing = dict(model.preprocessing or {}, crop_fraction=args.crop_fraction)
-        if args.format == "saved_model":
+        if args.format == "keras-hub":
+            path = export.export_model(model, args.out or os.path.join(folder,
+                                                                       "keras_hub_preset"),
+                                       format="keras-hub")
+        elif args.format == "saved_model":
             path = export.export_model(model, args.out or os.path.join(folder, "saved_model"),
                                        serving_layout=True, version=args.serving_version)
         else:

@@ -261,6 +261,7 @@ def build_backbone(
     drop_path: float = 0.0,
     position_embedding: str = "learned",
     frozen_patch_embedding: bool = False,
+    hub_arguments: Optional[dict] = None,
 ) -> keras.Model:
     """Build a backbone mapping images ``[B, H, W, C]`` to features ``[B, F]``.
 
@@ -277,10 +278,15 @@ def build_backbone(
         last feature map and flattens them (the map must be at least g×g).
       image_size, drop_path, position_embedding, frozen_patch_embedding: a ViT's
         (``vit.build_vit``: ``vit_*`` names give the class token's features, F = the width).
+      hub_arguments: ``keras_hub:CLASS``'s arguments (``serving.hub``: a KerasHub backbone).
 
     Raises:
       ValueError: if ``name`` is not a known backbone or ``pool_grid`` is not positive.
     """
+    if isinstance(name, str) and name.startswith("keras_hub:"):
+        from caco_tf.nets import hub  # the optional extra, only when asked for
+
+        return hub.build_hub_backbone(name, input_shape or (224, 224, 3), hub_arguments)
     if vit.is_vit(name):
         if widths is not None or int(pool_grid) != 1:
             raise ValueError(f"{name} takes neither widths nor a pool_grid above 1")

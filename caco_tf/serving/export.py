@@ -182,6 +182,11 @@ def export_model(model, path, format="saved_model", serving_layout=False, versio
     (``export_float_saved_model``).  Returns the path written."""
     settings = dict(model.preprocessing or {}, **(preprocessing or {}))
     format = "saved_model" if format == "tf_saved_model" else format
+    if format == "keras-hub":  # float images in, normalized as the preset's preprocessing.json
+        from caco_tf.serving import hub
+
+        return hub.export_preset(model.backbone, path, {
+            key: settings[key] for key in PREPROCESSING if key in settings})
     if not set(PREPROCESSING) <= set(settings):
         if format != "saved_model":
             raise ValueError(f"{format} export needs the model's preprocessing: pass "
