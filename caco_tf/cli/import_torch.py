@@ -10,7 +10,9 @@ checkpoint), checkpoints/last.weights.h5 (query and key encoders, BatchNorm stat
 bank momentum), import.json (where it came from), backup/ (so ``caco-train --config
 RUN_DIR/config.yaml --run-dir RUN_DIR`` continues from the checkpoint's epoch; written when the
 steps per epoch are known: ``--steps-per-epoch`` or an ImageNet source) and, with
-``--saved-model``, saved_model/backbone/1 (TF Serving, ImageNet normalization).  Needs torch
+``--saved-model``, saved_model/backbone/1 (TF Serving, ImageNet normalization).  DINO's and
+MoCo v3's ViT checkpoints import their backbone (``import_vit_checkpoint``: the run evaluates,
+exports and draws attention maps; default configuration the method's ViT-S recipe).  Needs torch
 (``pip install "caco-tf[torch]"``).  Mapping and checks: ``caco_tf/serving/torch_import.py``.
 """
 
@@ -25,7 +27,8 @@ DEFAULT_CONFIG = "imagenet_resnet50_b1024"  # a shipped configuration
 def parse_args(argv):
     parser = cli.ArgumentParser(prog="caco-import-torch",
                                      description="Import a PyTorch CaCo checkpoint.")
-    parser.add_argument("checkpoint", help="the authors' checkpoint (.pth.tar)")
+    parser.add_argument("checkpoint", help="the authors' checkpoint (.pth.tar): CaCo's, or "
+                                           "DINO's or MoCo v3's ViT")
     parser.add_argument("--out", required=True, help="run folder to write (must hold no run)")
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="run config to build the model and resume with "
@@ -64,6 +67,9 @@ def import_checkpoint(args):
     if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
         raise ConfigError(f"--steps-per-epoch must be at least 1, got {args.steps_per_epoch}")
     checkpoint = torch_import.load_checkpoint(args.checkpoint, args.trust_pickle)
+    vit_state = torch_import.vit_backbone_state(checkpoint)
+    if vit_state is not None:
+        return import_vit_checkpoint(args, vit_state, folder)
     sizes = torch_import.checkpoint_sizes(checkpoint)
     config = load_config(args.config, [*args.set, *(
         f"{section}.{key}={sizes[key]}" for section, key in (
@@ -103,6 +109,49 @@ def import_checkpoint(args):
     if "resume_epoch" not in record:
         print("no backup/ written (steps per epoch unknown: pass --steps-per-epoch to make "
               "caco-train continue from this checkpoint)")
+    return 0
+
+
+def import_vit_checkpoint(args, vit_state, folder):
+    """A DINO or MoCo v3 ViT checkpoint: its backbone into the student's and the teacher's
+    backbones of a fresh model of the configuration (the heads stay initialized), written as a
+    run folder that evaluates, exports and draws attention maps (it does not resume)."""
+    import keras
+    import yaml
+
+    from caco_tf.build import build_model
+    from caco_tf.config import load_config
+    from caco_tf.serving import torch_import
+
+    tensors, prefix, what = vit_state
+    name = args.config
+    if name == DEFAULT_CONFIG:  # --config not given: the method's own ViT recipe
+        name = ("moco_v3_imagenet_vit_small" if prefix.startswith("state_dict.")
+                else "dino_imagenet_vit_small16")
+    backbone = torch_import.vit_preset_of(tensors)
+    config = load_config(name, [f"model.backbone={backbone}", *args.set])
+    model = build_model(config, steps_per_epoch=1)
+    teachers = [layer for layer in (model.key_encoder.layers if model.key_encoder else [])
+                if isinstance(layer, keras.Model)][:1]
+    count = torch_import.import_vit_backbone([model.backbone, *teachers], tensors, prefix)
+
+    os.makedirs(os.path.dirname(folder.checkpoint), exist_ok=True)
+    with open(folder.config, "w") as handle:
+        yaml.safe_dump(config, handle, sort_keys=False)
+    model.save_weights(folder.checkpoint)
+    record = {"checkpoint": os.path.abspath(args.checkpoint), "layout": what,
+              "backbone": backbone, "config": name, "tensors": count}
+    if args.saved_model:
+        from caco_tf.serving import export
+        record["saved_model"] = export.export_backbone(
+            model.backbone, folder.saved_model, config["data"]["image_size"],
+            config["data"]["channels"], torch_import.IMAGENET_MEAN, torch_import.IMAGENET_STD,
+            embedder=model.query_encoder)
+    with open(folder.import_record, "w") as handle:
+        json.dump(record, handle, indent=1)
+    print(f"imported {count} tensors of {what} as {backbone} into "
+          f"{os.path.abspath(args.out)} (configuration {name}; the heads are not imported: "
+          f"the run evaluates, exports and draws attention maps, it does not resume)")
     return 0
 
 

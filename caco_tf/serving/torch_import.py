@@ -243,3 +243,107 @@ def resume_point(config, epoch, steps_per_epoch):
     """
     ours = min(config["method"]["caco"]["warmup_epochs"] + epoch, config["train"]["epochs"])
     return ours, ours * steps_per_epoch
+
+
+# --------------------------------------------------------------------- ViT checkpoints
+# DINO's and MoCo v3's ViTs are timm's layout: cls_token, pos_embed, patch_embed.proj,
+# blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}, norm; nets.vit names its
+# layers after them.
+_VIT_PARTS = {"norm1": "norm1", "attn_qkv": "attn.qkv", "attn_proj": "attn.proj",
+              "norm2": "norm2", "mlp_fc1": "mlp.fc1", "mlp_fc2": "mlp.fc2"}
+#: Where each published ViT checkpoint keeps the backbone: (section, key prefix, whose).
+VIT_LAYOUTS = (
+    (None, "", "DINO's backbone file (dino_*_pretrain.pth: the teacher's backbone)"),
+    ("teacher", "backbone.", "DINO's full checkpoint (the teacher's backbone, as DINO evaluates)"),
+    ("state_dict", "module.base_encoder.", "MoCo v3's checkpoint (the base encoder)"),
+)
+
+
+def vit_backbone_state(checkpoint):
+    """``(tensors, key prefix, what it is)``: the ViT backbone's tensors of a DINO or MoCo v3
+    checkpoint (``VIT_LAYOUTS``), without the prefix; ``None`` when it holds no ViT."""
+    for section, prefix, what in VIT_LAYOUTS:
+        tensors = checkpoint if section is None else checkpoint.get(section)
+        if isinstance(tensors, dict) and f"{prefix}cls_token" in tensors:
+            shown = prefix if section is None else f"{section}.{prefix}"
+            return ({key[len(prefix):]: value for key, value in tensors.items()
+                     if key.startswith(prefix)}, shown, what)
+    return None
+
+
+def vit_preset_of(tensors):
+    """The ``nets.vit`` preset the tensors fit (patch, width and blocks read from them)."""
+    from caco_tf.nets import vit
+
+    patch_weight = _to_numpy(tensors["patch_embed.proj.weight"])
+    width, patch = patch_weight.shape[0], patch_weight.shape[-1]
+    depth = len({key.split(".")[1] for key in tensors if key.startswith("blocks.")})
+    for name, shape in vit.VIT_PRESETS.items():
+        if (shape.patch, shape.width, shape.depth) == (patch, width, depth):
+            return name
+    raise CheckpointError(f"no ViT of patch {patch}, width {width} and {depth} blocks here "
+                          f"(nets.vit.VIT_PRESETS)")
+
+
+def vit_targets(backbone):
+    """Torch names → (keras variable, conversion) for a ``nets.vit`` backbone."""
+    from caco_tf.nets import vit
+
+    patch_embed, tokens, blocks, norm = vit.vit_blocks(backbone)
+    targets = {"patch_embed.proj.weight": (patch_embed.proj.kernel, _conv_kernel),
+               "patch_embed.proj.bias": (patch_embed.proj.bias, _identity),
+               "cls_token": (tokens.cls_token, _identity),
+               "norm.weight": (norm.gamma, _identity), "norm.bias": (norm.beta, _identity)}
+    if tokens.positions == "learned":
+        targets["pos_embed"] = (tokens.pos_embed, _identity)
+    for index, block in enumerate(blocks):
+        for ours, theirs in _VIT_PARTS.items():
+            layer = getattr(block, ours)
+            if isinstance(layer, keras.layers.LayerNormalization):
+                pairs = ((layer.gamma, "weight", _identity), (layer.beta, "bias", _identity))
+            else:
+                pairs = ((layer.kernel, "weight", _transpose), (layer.bias, "bias", _identity))
+            for variable, kind, convert in pairs:
+                targets[f"blocks.{index}.{theirs}.{kind}"] = (variable, convert)
+    return targets
+
+
+def import_vit_backbone(backbones, tensors, shown_prefix):
+    """Copy a ViT checkpoint's backbone tensors into every model of ``backbones`` (the
+    student's and the teacher's).  Every tensor is checked first (shape, missing, unexpected;
+    MoCo v3's fixed sine-cosine ``pos_embed`` against the one computed here); returns the
+    number of tensors."""
+    from caco_tf.nets import vit
+
+    targets = vit_targets(backbones[0])
+    tokens = vit.vit_blocks(backbones[0])[1]
+    missing = [key for key in targets if key not in tensors]
+    if missing:
+        raise CheckpointError(f"the checkpoint lacks {shown_prefix + missing[0]!r}, which the "
+                              f"{backbones[0].name} backbone needs ({len(missing)} such keys)")
+    expected_extra = set() if tokens.positions == "learned" else {"pos_embed"}
+    unexpected = [key for key in tensors if key not in targets and key not in expected_extra
+                  and not key.startswith("head.")]  # the head: the method's, not imported
+    if unexpected:
+        raise CheckpointError(f"unexpected key {shown_prefix + unexpected[0]!r} in the "
+                              f"checkpoint: no layer of the {backbones[0].name} backbone takes "
+                              f"it ({len(unexpected)} such keys)")
+    values = {}
+    for key, (variable, convert) in targets.items():
+        value = _to_numpy(tensors[key]).astype(np.float32)
+        if value.shape != _torch_shape(variable, convert):
+            raise CheckpointError(f"{shown_prefix + key!r} has shape {value.shape}, the "
+                                  f"{backbones[0].name} backbone expects "
+                                  f"{_torch_shape(variable, convert)}")
+        values[key] = convert(value)
+    if "pos_embed" in expected_extra:
+        given = _to_numpy(tensors["pos_embed"]).astype(np.float32)[0, 1:]
+        computed = np.asarray(tokens.patch_positions(tokens.grid, tokens.grid))
+        if given.shape != computed.shape or np.abs(given - computed).max() > 1e-5:
+            raise CheckpointError(f"{shown_prefix}pos_embed is not the sine-cosine table of "
+                                  f"a {tokens.grid}x{tokens.grid} grid: build the model with "
+                                  f"model.position_embedding learned")
+    for backbone in backbones:
+        for key, (variable, _) in vit_targets(backbone).items():
+            variable.assign(values[key])
+    return len(values)
