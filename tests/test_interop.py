@@ -93,6 +93,26 @@ def test_a_resnet50_at_224_px_gives_the_saved_models_features(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_vit_with_resized_positions_gives_the_saved_models_features(tmp_path):
+    from caco_tf.nets import vit
+
+    # Built for 24 px, served at 32 px: the exported graph resizes the position table too.
+    backbone = vit.build_vit("vit_micro_patch4", (32, 32, 3), image_size=24, drop_path=0.1)
+    arguments = dict(image_size=32, channels=3, mean=augment.IMAGENET_MEAN,
+                     std=augment.IMAGENET_STD)
+    saved = export.export_saved_model(backbone, str(tmp_path / "saved"), **arguments)
+    onnx = interop.export_onnx(backbone, str(tmp_path / "vit.onnx"), **arguments)
+    litert = interop.export_litert(backbone, str(tmp_path / "vit.tflite"), **arguments)
+    images = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), np.uint8)
+    expected = _saved_model_outputs(saved, images)
+    normalized = ((images / 255.0 - np.asarray(augment.IMAGENET_MEAN))
+                  / np.asarray(augment.IMAGENET_STD)).astype("float32")
+    assert _relative(np.asarray(backbone(normalized)), expected) <= 1e-5
+    assert _relative(interop.OnnxModel(onnx)(images), expected) <= 1e-4
+    assert _relative(interop.LiteRTModel(litert)(images), expected) <= 1e-4
+
+
+@pytest.mark.slow
 def test_the_export_command_writes_each_format(tmp_path, capsys):
     from caco_tf.cli import export as export_cli
     from tiny_run import make_run

@@ -194,6 +194,15 @@ class Tokens(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
+class GELU(layers.Layer):
+    """PyTorch's ``nn.GELU``, the exact one: x·Φ(x) = ½x(1 + erf(x/√2)), written with erf
+    (TensorFlow's exact gelu uses erfc, which ONNX lacks)."""
+
+    def call(self, x):
+        return 0.5 * x * (1.0 + ops.erf(x * 0.7071067811865476))
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
 class DropPath(layers.Layer):
     """Stochastic depth: a sample's whole branch dropped with probability ``rate``, the kept
     ones scaled by 1/(1 - rate) (DINO's ``drop_path``).
@@ -250,8 +259,7 @@ class TransformerBlock(layers.Layer):
         self.attn_proj = layers.Dense(self.width, name="attn_proj", **dense)
         self.norm2 = layers.LayerNormalization(epsilon=1e-6, name="norm2")
         self.mlp_fc1 = layers.Dense(int(self.width * self.mlp_ratio), name="mlp_fc1", **dense)
-        # Keras' gelu is the exact (erf) one by default, as PyTorch's nn.GELU.
-        self.mlp_act = layers.Activation("gelu", name="mlp_act")
+        self.mlp_act = GELU(name="mlp_act")
         self.mlp_fc2 = layers.Dense(self.width, name="mlp_fc2", **dense)
         self.drop = DropPath(self.drop_path, name="drop_path")
 
