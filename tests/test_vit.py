@@ -351,3 +351,23 @@ def test_attention_maps_upsample_each_patch_and_hold_the_fraction():
     np.testing.assert_allclose(maps[:, :, ::4, ::4], attention)  # one patch, 4x4 pixels
     kept = (masks[:, :, ::4, ::4] * attention).sum(axis=(2, 3))
     assert np.all(kept / attention.sum(axis=(2, 3)) >= 0.6)
+
+
+@pytest.mark.slow  # an XLA compile of a DINO step on two crop sizes: ~40 s here
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_a_vit_step_compiles_with_xla_under_mixed_precision(policy):
+    from tiny_methods import tiny, views
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = tiny("dino", any_size=True, backbone=lambda shape: vit.build_vit(
+            TINY, shape, image_size=12, drop_path=0.1), optimizer=_adamw)
+        model.compile(optimizer=_adamw(), jit_compile=True)
+        batch = views(crops=2, local_crops=2)
+        import tensorflow as tf
+        loss = model.fit(tf.data.Dataset.from_tensors(batch).repeat(2), epochs=1,
+                         verbose=0).history["loss"][-1]
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert np.isfinite(loss)
+    assert model.backbone.get_layer("blocks_0").compute_dtype == policy.split("_")[1]
