@@ -16,7 +16,7 @@ from caco_tf import cli
 def parse_args(argv):
     parser = cli.ArgumentParser(prog="caco-figures",
                                      description="The paper's analysis figures for a run.")
-    parser.add_argument("--run", required=True, help="run folder written by caco-train")
+    parser.add_argument("--run", help="run folder written by caco-train")
     parser.add_argument("--out", help="output folder (default: RUN/figures)")
     parser.add_argument("--queries", type=int, default=6, help="query rows in query_ex.png")
     parser.add_argument("--negatives", type=int, default=6, help="negatives per query")
@@ -25,58 +25,46 @@ def parse_args(argv):
                         help="training images searched for surrogates (the first N)")
     parser.add_argument("--seed", type=int, default=0)
     cli.verbose_argument(parser)
-    return parser.parse_args(argv)
-
-
-def parse_attention_args(argv):
-    parser = cli.ArgumentParser(
-        prog="caco-figures attention",
+    figures = parser.add_subparsers(dest="figure", metavar="attention")
+    attention = figures.add_parser(
+        "attention", help="a ViT run's self-attention maps",
         description="A ViT run's self-attention maps: each head's class-token attention of the "
                     "last block over each image, and the smallest patch sets holding a "
                     "fraction of it (DINO's figures).")
-    parser.add_argument("--run", required=True, help="run folder written by caco-train (a ViT)")
-    parser.add_argument("--images", required=True, help="an image file or a folder of images")
-    parser.add_argument("--out", help="output folder (default: RUN/figures/attention)")
-    parser.add_argument("--fraction", type=float, default=0.6,
-                        help="the share of each head's attention the masks hold (DINO: 0.6)")
-    cli.verbose_argument(parser)
-    return parser.parse_args(argv)
-
-
-def attention_main(argv):
-    args = parse_attention_args(argv)
-    cli.start(["--verbose"] if args.verbose else [])
-
-    def work():
-        from caco_tf.evaluation.attention import attention_figures
-
-        for path in attention_figures(args.run, args.images, args.out, args.fraction):
-            print(f"figure: {os.path.abspath(path)}")
-        return 0
-
-    return cli.guard(work)
+    attention.add_argument("--run", required=True,
+                           help="run folder written by caco-train (a ViT)")
+    attention.add_argument("--images", required=True, help="an image file or a folder of images")
+    attention.add_argument("--out", help="output folder (default: RUN/figures/attention)")
+    attention.add_argument("--fraction", type=float, default=0.6,
+                           help="the share of each head's attention the masks hold (DINO: 0.6)")
+    cli.verbose_argument(attention)
+    args = parser.parse_args(argv)
+    if args.figure is None and args.run is None:
+        parser.error("the following arguments are required: --run")
+    return args
 
 
 def main(argv=None):
-    import sys
-
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["attention"]:
-        return attention_main(argv[1:])
     args = parse_args(argv)
     cli.start(["--verbose"] if args.verbose else [])
 
     def work():
         from caco_tf.errors import ConfigError
 
-        for name in ("queries", "negatives", "points", "max_train"):
-            if getattr(args, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
-                                  f"{getattr(args, name)}")
-        from caco_tf.evaluation.figures import make_figures
+        if args.figure == "attention":
+            from caco_tf.evaluation.attention import attention_figures
 
-        for path in make_figures(args.run, args.out, args.queries, args.negatives, args.points,
-                                 args.max_train, args.seed):
+            paths = attention_figures(args.run, args.images, args.out, args.fraction)
+        else:
+            for name in ("queries", "negatives", "points", "max_train"):
+                if getattr(args, name) <= 0:
+                    raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
+                                      f"{getattr(args, name)}")
+            from caco_tf.evaluation.figures import make_figures
+
+            paths = make_figures(args.run, args.out, args.queries, args.negatives, args.points,
+                                 args.max_train, args.seed)
+        for path in paths:
             print(f"figure: {os.path.abspath(path)}")
         return 0
 
