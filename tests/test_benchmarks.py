@@ -167,3 +167,12 @@ def test_op_profile_sorts_op_types_into_kinds():
     assert kind_of("bitcast_dynamic-update-slice_fusion.1") == kind_of("dot") \
         == "XLA kernels (the bank's pass: bank.py compiles it)"
     assert kind_of("Cast") == "casts" and kind_of("NoSuchOp") == "other"
+
+
+def test_method_steps_measures_every_registered_method():
+    from caco_tf import methods
+
+    listed = load("method_steps").registered_methods()
+    assert listed[0] == "moco_v2"
+    assert set(listed) == {name for name, cls in methods.METHODS.items()
+                           if cls.SETTINGS_OF is None}
