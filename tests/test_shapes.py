@@ -11,7 +11,7 @@ from caco_tf.data import shapes, sources
 
 @pytest.fixture
 def small_splits(monkeypatch):
-    """The splits' sizes made small (the real ones: 20,000 / 10,000, 15,000 of them training
+    """The splits' sizes made small (the real ones: 20,000 / 20,000, 15,000 of them training
     in shapes_validation): the same code, a fraction of the time."""
     monkeypatch.setattr(shapes, "TRAIN", 60)
     monkeypatch.setattr(shapes, "TEST", 40)

@@ -4,7 +4,7 @@
 
 - ``mnist`` / ``mnist_validation``: the embedded offline MNIST split (``load_offline_mnist``);
 - ``shapes`` / ``shapes_validation``: the generated comparison benchmark, 32 px grayscale shapes
-  (``caco_tf.data.shapes``: 20,000 training and 10,000 held-out images; the validation split
+  (``caco_tf.data.shapes``: 20,000 training and 20,000 held-out images; the validation split
   carved from the training images);
 - ``npz:PATH``: an .npz with ``images`` (and optionally ``labels``) or an .npy of images;
 - ``folder:PATH``: image files (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff, in any case;
