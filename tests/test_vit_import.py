@@ -112,6 +112,19 @@ def test_dinos_backbone_file_imports_with_its_features_at_two_sizes(tmp_path, ca
             expected = model(torch.tensor(images)).numpy()
         assert _relative(_features(run, images), expected) <= 1e-4, size
 
+    # DINO's full checkpoint: the teacher's backbone (and head, not imported) beside the rest.
+    state = {f"backbone.{k}": v for k, v in model.state_dict().items()}
+    state["head.last_layer.weight_v"] = torch.zeros(64, 16)
+    torch.save({"teacher": state, "student": {}, "epoch": 100}, path)
+    assert import_torch.main([path, "--out", str(tmp_path / "full"), "--config",
+                              "dino_imagenet_vit_small16",
+                              *sum((["--set", s] for s in SMALL), [])]) == 0
+    assert "DINO's full checkpoint" in capsys.readouterr().out
+    images = np.random.default_rng(0).normal(size=(2, 3, SIZE, SIZE)).astype("float32")
+    with torch.no_grad():
+        expected = model(torch.tensor(images)).numpy()
+    assert _relative(_features(str(tmp_path / "full"), images), expected) <= 1e-4
+
 
 def test_moco_v3s_checkpoint_imports_both_encoders_and_checks_its_positions(tmp_path, capsys):
     base, momentum = _randomize(TorchViT(sincos=True)).eval(), TorchViT(sincos=True).eval()
