@@ -496,8 +496,18 @@ _OLD_WARMUP = ("warmup_epochs", "warmup_min_steps", "warmup_temperature", "resyn
 
 
 # Settings added since 0.3 whose absence from a saved configuration meant what their off value
-# means now: a run folder of 0.3 resumes without them listed as changes.
-ABSENT_MEANS_OFF = {("data", "views_on_device"): False, ("data", "service"): ""}
+# means now: a run folder of 0.3 resumes without them listed as changes.  (A path whose parent
+# section the saved configuration lacks is left alone: that method was not configured.)
+ABSENT_MEANS_OFF = {
+    ("data", "views_on_device"): False, ("data", "service"): "",
+    # The Vision Transformers' and KerasHub's settings, and AdamW's (a run without them was
+    # none of these).
+    ("model", "drop_path"): 0.0, ("model", "position_embedding"): "learned",
+    ("model", "frozen_patch_embedding"): False, ("model", "backbone_arguments"): {},
+    ("train", "weight_decay_end"): None, ("train", "decay_biases_and_norms"): True,
+    ("train", "clip_gradient_norm"): 0.0, ("train", "final_learning_rate"): 0.0,
+    ("method", "moco_v3", "projector_layers"): 2,
+}
 
 
 def upgrade_saved_config(tree):
@@ -512,9 +522,12 @@ def upgrade_saved_config(tree):
         tree = {("method" if key == "caco" else key):
                 ({("name" if k == "method" else k): v for k, v in value.items()}
                  if key == "caco" else value) for key, value in tree.items()}
-    for (section, key), off in ABSENT_MEANS_OFF.items():
-        if isinstance(tree.get(section), dict):
-            tree[section].setdefault(key, off)
+    for path, off in ABSENT_MEANS_OFF.items():
+        parent = tree
+        for part in path[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if isinstance(parent, dict):
+            parent.setdefault(path[-1], copy.deepcopy(off))
     method = tree.get("method")
     if isinstance(method, dict) and (set(method) & (set(MOVED_TO_CACO)
                                                     | {"warmup_every_method"})):  # 0.3
