@@ -82,19 +82,10 @@ def step_flops(crops, config):
     return batch * (3 * student + teacher)
 
 
-def attention_share(name, size):
-    """The attention's FLOPs (2·N²·D per block, twice) over the blocks' matmuls at ``size``."""
-    from caco_tf.nets import vit
-
-    shape = vit.VIT_PRESETS[name]
-    tokens = 1 + vit.patch_count(name, size) ** 2
-    attention = 2 * 2 * tokens * tokens * shape.width
-    matmuls = 2 * tokens * shape.width * shape.width * (3 + 1 + 8)
-    return attention / (attention + matmuls)
-
-
 def main(argv=None):
     import tensorflow as tf
+
+    from caco_tf.nets import vit
 
     argv = sys.argv[1:] if argv is None else argv
     parser = _harness.parser(__doc__)
@@ -130,8 +121,8 @@ def main(argv=None):
     if not args.tiny:
         lines += ["", "The attention's share of a ViT-S/16 block's FLOPs (q·kᵀ and weights × v "
                   "against the q/k/v, output and MLP matmuls): "
-                  f"{attention_share('vit_small_patch16', 224):.1%} at 224 px (197 tokens), "
-                  f"{attention_share('vit_small_patch16', 96):.1%} at 96 px (37 tokens)."]
+                  f"{vit.attention_share('vit_small_patch16', 224):.1%} at 224 px (197 tokens), "
+                  f"{vit.attention_share('vit_small_patch16', 96):.1%} at 96 px (37 tokens)."]
     minutes = round((time.time() - start) / 60)
     lines += ["", f"Took {minutes} minute{'s' if minutes != 1 else ''}."]
     _harness.publish(args, "vit_steps", TITLE, lines)

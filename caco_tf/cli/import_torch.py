@@ -95,14 +95,7 @@ def import_checkpoint(args):
     model.save_weights(folder.checkpoint)
     if "resume_epoch" in record:  # the resume state caco-train reads, as training writes it
         folder.write_backup(model, record["resume_epoch"], 0, steps)
-    if args.saved_model:
-        from caco_tf.serving import export
-        record["saved_model"] = export.export_backbone(
-            model.backbone, folder.saved_model, config["data"]["image_size"],
-            config["data"]["channels"], torch_import.IMAGENET_MEAN, torch_import.IMAGENET_STD,
-            embedder=model.query_encoder)
-    with open(folder.import_record, "w") as handle:
-        json.dump(record, handle, indent=1)
+    _finish_record(args, model, config, folder, record)
 
     print(f"imported {info['tensors']} tensors (epoch {info['epoch']}) into "
           f"{os.path.abspath(args.out)}")
@@ -110,6 +103,19 @@ def import_checkpoint(args):
         print("no backup/ written (steps per epoch unknown: pass --steps-per-epoch to make "
               "caco-train continue from this checkpoint)")
     return 0
+
+
+def _finish_record(args, model, config, folder, record):
+    """With ``--saved-model``, the backbone for serving (ImageNet normalization); then
+    import.json, the import's record."""
+    if args.saved_model:
+        from caco_tf.serving import export, torch_import
+        record["saved_model"] = export.export_backbone(
+            model.backbone, folder.saved_model, config["data"]["image_size"],
+            config["data"]["channels"], torch_import.IMAGENET_MEAN, torch_import.IMAGENET_STD,
+            embedder=model.query_encoder)
+    with open(folder.import_record, "w") as handle:
+        json.dump(record, handle, indent=1)
 
 
 def import_vit_checkpoint(args, vit_state, folder):
@@ -141,14 +147,7 @@ def import_vit_checkpoint(args, vit_state, folder):
     model.save_weights(folder.checkpoint)
     record = {"checkpoint": os.path.abspath(args.checkpoint), "layout": what,
               "backbone": backbone, "config": name, "tensors": count}
-    if args.saved_model:
-        from caco_tf.serving import export
-        record["saved_model"] = export.export_backbone(
-            model.backbone, folder.saved_model, config["data"]["image_size"],
-            config["data"]["channels"], torch_import.IMAGENET_MEAN, torch_import.IMAGENET_STD,
-            embedder=model.query_encoder)
-    with open(folder.import_record, "w") as handle:
-        json.dump(record, handle, indent=1)
+    _finish_record(args, model, config, folder, record)
     print(f"imported {count} tensors of {what} as {backbone} into "
           f"{os.path.abspath(args.out)} (configuration {name}; the heads are not imported: "
           f"the run evaluates, exports and draws attention maps, it does not resume)")

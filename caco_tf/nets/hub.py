@@ -13,6 +13,7 @@ import os
 import keras
 
 from caco_tf.errors import ConfigError
+from caco_tf.nets.vit import ClassToken
 
 PREFIX = "keras_hub:"
 INSTALL = 'pip install "caco-tf[hub]"'
@@ -59,19 +60,8 @@ def build_hub_backbone(name, input_shape, arguments=None):
     if len(outputs.shape) == 4:
         features = keras.layers.GlobalAveragePooling2D(name="avgpool")(outputs)
     elif len(outputs.shape) == 3:
-        features = TokenPool(name="class_token")(outputs)
+        features = ClassToken(name="class_token")(outputs)
     else:
         raise ConfigError(f"model.backbone {name} gives outputs of shape {outputs.shape}; a "
                           f"feature map [B, h, w, C] or tokens [B, N, D] is needed")
     return keras.Model(inputs, features, name=target.replace(os.sep, "_")[-60:])
-
-
-@keras.saving.register_keras_serializable(package="caco_tf")
-class TokenPool(keras.layers.Layer):
-    """Tokens ``[B, N, D]`` → the first (class) token ``[B, D]``."""
-
-    def call(self, tokens):
-        return tokens[:, 0]
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])

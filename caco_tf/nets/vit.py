@@ -394,8 +394,19 @@ def flops_per_image(name: str, image_size: int, channels: int = 3) -> int:
     and attention), the figure BENCHMARKS.md counts; norms and softmax left out."""
     shape = VIT_PRESETS[name]
     tokens = 1 + patch_count(name, image_size) ** 2
-    d = shape.width
-    patches = (tokens - 1) * shape.patch * shape.patch * channels * d
-    block = tokens * d * 3 * d + 2 * tokens * tokens * d + tokens * d * d + 2 * tokens * d * 4 * d
-    return 2 * (patches + shape.depth * block)
+    patches = (tokens - 1) * shape.patch * shape.patch * channels * shape.width
+    return 2 * (patches + shape.depth * sum(_block_multiply_adds(name, image_size)))
+
+
+def _block_multiply_adds(name, image_size):
+    """(attention, matmuls): one block's multiply-adds of q·kᵀ and weights × v, and of the
+    q/k/v, output and MLP matmuls."""
+    d, tokens = VIT_PRESETS[name].width, 1 + patch_count(name, image_size) ** 2
+    return 2 * tokens * tokens * d, tokens * d * d * (3 + 1 + 8)
+
+
+def attention_share(name, image_size):
+    """The attention's share of one block's FLOPs at ``image_size``."""
+    attention, matmuls = _block_multiply_adds(name, image_size)
+    return attention / (attention + matmuls)
 

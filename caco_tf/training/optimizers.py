@@ -154,9 +154,7 @@ class LARS(keras.optimizers.Optimizer):
         """Apply one LARS / SGD update to ``variable``."""
         dtype = variable.dtype
         learning_rate = ops.cast(learning_rate, dtype)
-        gradient = ops.cast(gradient, dtype)
-        if self.clip_tensor_norm > 0.0:
-            gradient = clip_by_tensor_norm(gradient, ops.cast(self.clip_tensor_norm, dtype))
+        gradient = _clipped(gradient, dtype, self.clip_tensor_norm)
         mu = self.momentums[keras_compat.optimizer_variable_index(self, variable)]
 
         # Ranks are static, so these branches are resolved at trace time.
@@ -225,6 +223,12 @@ def clip_by_tensor_norm(gradient, clip):
     return ops.multiply(gradient, ops.minimum(factor, 1.0))
 
 
+def _clipped(gradient, dtype, clip):
+    """The gradient in the variable's dtype, clipped per tensor when ``clip`` > 0."""
+    gradient = ops.cast(gradient, dtype)
+    return clip_by_tensor_norm(gradient, ops.cast(clip, dtype)) if clip > 0.0 else gradient
+
+
 @keras.saving.register_keras_serializable(package="caco_tf")
 class AdamW(keras.optimizers.Optimizer):
     """``torch.optim.AdamW``: for each variable p with gradient g, at step t (from 1)::
@@ -265,9 +269,7 @@ class AdamW(keras.optimizers.Optimizer):
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
         learning_rate = ops.cast(learning_rate, dtype)
-        gradient = ops.cast(gradient, dtype)
-        if self.clip_tensor_norm > 0.0:
-            gradient = clip_by_tensor_norm(gradient, ops.cast(self.clip_tensor_norm, dtype))
+        gradient = _clipped(gradient, dtype, self.clip_tensor_norm)
         index = keras_compat.optimizer_variable_index(self, variable)
         m, v = self.first_moments[index], self.second_moments[index]
         step = ops.cast(self.iterations + 1, dtype)
