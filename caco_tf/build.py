@@ -145,14 +145,16 @@ def build_views(config):
 def _named_views(config):
     settings = config["data"]
     name, size, channels = settings["views"], settings["image_size"], settings["channels"]
+    # The method's crops (``Method.CROPS``): K equal views, or two plus multi-crop's local ones.
+    count = model_class(config["method"]["name"]).view_count(method_settings(config))
     if name == "digits":
-        return augment.DigitViews()
+        return augment.DigitViews(num_views=count)
     if name in ("asymmetric", "cifar", "imagenet"):  # the last two: the configs' names
         return augment.AsymmetricViews(size, channels, scale=settings["crop_scale"],
-                                       blur_sigma=settings["blur_sigma"])
+                                       blur_sigma=settings["blur_sigma"], num_views=count)
     if name == "symmetric":
         return augment.SymmetricViews(size, channels, scale=settings["crop_scale"],
-                                      blur_sigma=settings["blur_sigma"])
+                                      blur_sigma=settings["blur_sigma"], num_views=count)
     if name == "multicrop":
         crops = settings["multicrop"]
         return augment.MultiCropViews(

@@ -592,10 +592,11 @@ def _validate(config):
     if train["lr_warmup_epochs"] > train["epochs"]:
         raise ConfigError(f"train.lr_warmup_epochs must be at most train.epochs "
                           f"({train['epochs']}), got {train['lr_warmup_epochs']}")
-    multi_crop = [m for m, cls in _tables().classes.items() if cls.MULTI_CROP]
+    multi_crop = [m for m, cls in _tables().classes.items() if cls.CROPS.local]
     if data["views"] == "multicrop" and method["name"] not in multi_crop:
-        raise ConfigError(f"method.name {method['name']} takes two views; data.views "
-                          f"multicrop works with method.name {', '.join(multi_crop)}")
+        raise ConfigError(f"method.name {method['name']} takes "
+                          f"{_tables().classes[method['name']].crops_wording().replace('`', '')}; "
+                          f"data.views multicrop works with method.name {', '.join(multi_crop)}")
     if data["views_on_device"] and data["views"] == "digits":
         raise ConfigError("data.views_on_device applies to the colour views (asymmetric, "
                           "symmetric, multicrop), not to data.views digits: set "

@@ -280,6 +280,13 @@ def whiten(z, group_size, epsilon=0.0):
 def w_mse_loss(z1, z2, group_size, epsilon=0.0):
     """W-MSE's loss, a scalar: the mean over rows of 2 - 2 cos(w¹, w²), w each view whitened
     in groups of ``group_size`` (``whiten``; htdt/self-supervised's norm_mse_loss)."""
-    w1 = l2_normalize(whiten(z1, group_size, epsilon))
-    w2 = l2_normalize(whiten(z2, group_size, epsilon))
-    return tf.reduce_mean(2.0 - 2.0 * tf.reduce_sum(w1 * w2, axis=-1))
+    return w_mse_views_loss([z1, z2], group_size, epsilon)
+
+
+def w_mse_views_loss(views, group_size, epsilon=0.0):
+    """W-MSE's loss over K views of the same images: ``w_mse_loss``'s term averaged over the
+    K(K-1)/2 pairs of views, each view whitened once (the reference's num_samples; W-MSE 4)."""
+    white = [l2_normalize(whiten(z, group_size, epsilon)) for z in views]
+    pairs = [(i, j) for i in range(len(white)) for j in range(i + 1, len(white))]
+    return tf.add_n([tf.reduce_mean(2.0 - 2.0 * tf.reduce_sum(white[i] * white[j], axis=-1))
+                     for i, j in pairs]) / len(pairs)

@@ -67,6 +67,44 @@ def test_a_split_file_names_its_images_and_may_relabel_them(tmp_path):
                               f"data.held_out=split:{split}"])["data"]["held_out"]
 
 
+def test_a_record_source_is_carved_by_its_labels_and_its_splits_train_and_evaluate(tmp_path):
+    import tensorflow as tf
+
+    from caco_tf import data
+    from test_data import EchoImageViews
+    from test_user_data import write_shards
+
+    spec = f"tfrecord:{write_shards(tmp_path / 'shards')}"  # 24 PNGs: pixel 10n + 1, label n % 4
+    source = sources.load_source(spec)[0]
+
+    def numbers(dataset):  # each element's image number, from its pixel
+        return [(int(tf.io.decode_png(item[0])[0, 0, 0]) - 1) // 10 for item, _ in dataset]
+
+    order = numbers(source.ordered())
+    labels = runner.labels_of(source, spec, None)  # one pass over the records' labels
+    assert labels.tolist() == [n % 4 for n in order] and sorted(order) == list(range(24))
+    carved = splits.carve(labels, None, 0.25, 0.25, 2, seed=0)
+    part, tune = carved["tune"]
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(sources.split_file(spec, part, tune)))
+    chosen = sources.load_source(f"split:{path}")[0]
+    expected = [order[p] for p in tune]
+    assert len(chosen) == len(tune) and numbers(chosen.ordered()) == expected
+    assert sources.class_indices(chosen).tolist() == [n % 4 for n in expected]
+    assert sources.num_classes(chosen) == 4
+    seen = []
+    for pipeline in range(2):  # two input pipelines: each every other chosen record
+        context = tf.distribute.InputContext(2, pipeline, 2)
+        stream = data.pretrain_dataset(chosen, 4, EchoImageViews(6), seed=1,
+                                       input_context=context, image_size=6, channels=1,
+                                       steps_per_epoch=len(tune) // 4)
+        for view, _ in stream.take(len(tune) // 4):
+            seen += [(int(round(v)) - 1) // 10 for v in view.numpy()[:, 0, 0, 0]]
+    assert sorted(seen) == sorted(expected)  # one epoch: every chosen record, once
+    batches = data.eval_dataset(chosen, 4, lambda x: x, image_size=6, channels=1)
+    assert np.concatenate([b[1].numpy() for b in batches]).tolist() == [n % 4 for n in expected]
+
+
 # ---------------------------------------------------------------------- the trials
 @pytest.fixture(scope="module")
 def budget():
@@ -215,6 +253,14 @@ def test_a_bad_argument_is_one_error_line(argv, words, tmp_path, capsys):
     status, lines = compare(["--config", "mnist", "--data", "mnist", "--out",
                              str(tmp_path / "c")] + argv, capsys)
     assert status == 2 and len(lines) == 1 and lines[0].startswith("error: " + words), lines
+
+
+def test_a_budget_is_checked_as_the_compared_methods_train_it():
+    # CaCo's warm-up epoch refuses one epoch, but CaCo is not compared here.
+    args = compare_cli.parse_args(["--methods", "byol,simclr", "--epochs", "1"])
+    assert compare_cli.arguments_of(args)["methods"] == ["byol", "simclr"]
+    with pytest.raises(Exception, match="method.caco.warmup_epochs must be below"):
+        compare_cli.arguments_of(compare_cli.parse_args(["--methods", "caco", "--epochs", "1"]))
 
 
 def test_images_without_labels_are_one_error_line(tmp_path, capsys):

@@ -152,7 +152,7 @@ def fit_once(model, batch):
 
 def projections(model, crops):
     """The student's raw projections of each crop, as the first step sees them."""
-    return [model._projection(crop, True).numpy() for crop in crops]
+    return [model.project(crop, True).numpy() for crop in crops]
 
 
 def test_byol_regresses_the_targets_and_the_target_follows():
@@ -297,7 +297,7 @@ def test_barlow_twins_and_vicreg_losses_of_a_step():
 # ---------------------------------------------------------------------- every part trains
 @pytest.mark.parametrize("method", by_tier(methods.METHODS))
 def test_every_trainable_part_moves_after_one_step(method):
-    multi = methods.model_class(method).MULTI_CROP
+    multi = methods.model_class(method).CROPS.local
     model = tiny(method, any_size=multi)
     before = [v.numpy() for v in model.student_variables]
     assert len(before) == len(model.trainable_variables) - (
@@ -318,7 +318,7 @@ def test_the_phases_split_at_the_warmup_and_where_a_head_thaws():
     assert phases[1].on_enter is not None  # the resync
     with pytest.raises(ValueError, match="method 'dino' has no bank warm-up"):
         tiny("dino", warmup_steps=3)
-    with pytest.raises(ValueError, match="method 'byol' takes two views"):
+    with pytest.raises(ValueError, match="method 'byol' takes 2 views"):
         fit_once(tiny("byol"), views(local_crops=1))
 
 

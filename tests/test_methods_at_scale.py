@@ -27,7 +27,7 @@ def _step(method, replicas=1, **tiny_arguments):
     methods), run eagerly (what is global is the same in a compiled step, and a compiled
     step traces once per replica: tests/test_distributed.py compiles them); the model and
     the step's loss."""
-    multi = methods.model_class(method).MULTI_CROP
+    multi = methods.model_class(method).CROPS.local
     batch = views(batch=4 * BATCH, local_crops=2 if multi else 0)
     with _cpus(replicas).scope() if replicas > 1 else contextlib.nullcontext():
         model = tiny(method, sync=True, any_size=multi, run_eagerly=True, **tiny_arguments)

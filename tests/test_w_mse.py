@@ -66,3 +66,42 @@ def test_a_batch_it_cannot_whiten_is_one_line(assignments, message):
     plan = RunPlan.of(config, steps_per_epoch=4000 // config["train"]["batch_size"])
     with pytest.raises(ConfigError, match=message):
         check_sizes(plan, 4000, config["model"]["embedding_dim"])
+
+
+# ---------------------------------------------------------------------- K equal views (W-MSE 4)
+def np_w_mse_views(views_, group_size, epsilon=0.0):
+    """The mean of the pair loss over every pair of views (htdt/self-supervised's num_pairs)."""
+    pairs = [(i, j) for i in range(len(views_)) for j in range(i + 1, len(views_))]
+    return np.mean([np_w_mse(views_[i], views_[j], group_size, epsilon) for i, j in pairs])
+
+
+def test_the_loss_of_k_views_is_the_mean_over_their_pairs():
+    rng = np.random.default_rng(2)
+    four = [rng.normal(size=(12, 4)).astype("float32") for _ in range(4)]
+    assert float(losses.w_mse_views_loss(four, 6)) == pytest.approx(
+        np_w_mse_views(four, 6), rel=1e-5)
+    assert float(losses.w_mse_views_loss(four[:2], 6)) == float(losses.w_mse_loss(*four[:2], 6))
+
+
+def test_a_step_of_four_views_takes_every_pair_and_refuses_two():
+    model = tiny("w_mse", views=4)
+    batch = views(crops=4)
+    projected = projections(model, batch)
+    history = fit_once(model, batch)
+    assert history["loss"][0] == pytest.approx(np_w_mse_views(projected, 8, 0.1), rel=1e-4)
+    with pytest.raises(ValueError, match="method 'w_mse' takes 4 views, got 2 crops"):
+        fit_once(tiny("w_mse", views=4), views())
+
+
+def test_the_views_follow_the_methods_crops():
+    from caco_tf.build import build_views
+
+    for name in ("digits", "asymmetric", "symmetric"):
+        config = load_config(None, ["method.name=w_mse", "method.w_mse.views=4",
+                                    f"data.views={name}"])
+        assert build_views(config).num_views == 4, name
+    assert build_views(load_config(None, ["method.name=byol"])).num_views == 2
+    with pytest.raises(ConfigError, match="method.name w_mse takes K equal views "
+                                          r"\(method.w_mse.views, default 2\); data.views "
+                                          "multicrop works with method.name caco, dino, swav"):
+        load_config(None, ["method.name=w_mse", "data.views=multicrop", "data.image_size=32"])

@@ -35,8 +35,8 @@ def parse_args(argv):
                     "intervals.")
     parser.add_argument("--data", default=DEFAULT_DATA,
                         help="the images: folder:PATH (class sub-folders, or train/ and val/), "
-                             "npz:PATH, mnist, shapes, ... (default: shapes, the generated "
-                             "benchmark)")
+                             "npz:PATH, tfds:NAME, tfrecord:GLOB, mnist, shapes (default: "
+                             "shapes, the generated benchmark)")
     parser.add_argument("--labels", help="a CSV of 'relative/path,class' lines labelling an "
                                          "unlabelled folder (evaluation only)")
     parser.add_argument("--config", default=DEFAULT_CONFIG,

@@ -208,9 +208,12 @@ class Comparison:
 
 def budget_config(arguments):
     """The shared budget on the user's images (a bad setting is one line, checked against
-    their source, not the budget file's own)."""
-    return load_config(arguments["config"],
-                       arguments["settings"] + [f"data.source={arguments['data']}"])
+    their source, not the budget file's own), as the first compared method trains it (the
+    budget file's own method, if not compared, refuses nothing: e.g. CaCo's warm-up against
+    ``--epochs 1``)."""
+    method = [f"method.name={arguments['methods'][0]}"] if arguments.get("methods") else []
+    return load_config(arguments["config"], arguments["settings"] + method
+                       + [f"data.source={arguments['data']}"])
 
 
 def labels_of(source, spec, labels_file):
@@ -222,10 +225,7 @@ def labels_of(source, spec, labels_file):
             f"{spec} has no labels: a comparison measures every method with them (labels "
             f"reach evaluation only); use a folder of class sub-folders, an .npz with "
             f"'labels', or --labels FILE (one 'relative/path.jpg,class' line per image)")
-    labels = sources._labelled(source)
-    if labels is None:
-        raise sources.DataError(f"{spec} is read as records, which a comparison cannot split; "
-                                f"use a folder or an .npz of the images")
+    labels = sources.class_indices(source)  # records: one pass over their labels
     if len(np.unique(labels)) < 2:
         raise sources.DataError(f"{spec} holds one class: a comparison needs two or more")
     return labels

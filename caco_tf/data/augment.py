@@ -85,14 +85,15 @@ def random_stroke_width(images, seed, probability=0.15):
 
 
 class DigitViews:
-    """Two independently augmented views of a batch of [B, H, W, 1] images in [0, 1]."""
+    """``num_views`` independently augmented views (two by default) of a batch of
+    [B, H, W, 1] images in [0, 1]."""
 
     per_image = False  # views of whole batches (the pipeline batches first)
-    num_views = 2
 
     def __init__(self, scale=(0.3, 1.0), ratio=(3 / 4, 4 / 3), rotation=15.0, shear=0.15,
                  translate=0.1, stroke_probability=0.15, gain=(0.6, 1.0), noise=0.05,
-                 mean=MNIST_MEAN, std=MNIST_STD):
+                 mean=MNIST_MEAN, std=MNIST_STD, num_views=2):
+        self.num_views = int(num_views)
         self.affine = dict(scale=tuple(scale), ratio=tuple(ratio), rotation=rotation,
                            shear=shear, translate=translate)
         self.stroke_probability = stroke_probability
@@ -113,8 +114,8 @@ class DigitViews:
         return normalize_pixels(tf.cast(images, tf.float32), self.mean, self.std)
 
     def __call__(self, images, seed):
-        seed1, seed2 = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        return self.view(images, seed1), self.view(images, seed2)
+        seeds = tf.unstack(tf.random.experimental.stateless_split(seed, self.num_views))
+        return tuple(self.view(images, view_seed) for view_seed in seeds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,26 +506,30 @@ class AsymmetricViews(ImageViews):
     ``blur_sigma`` pixels) with p = 1.0 on view 1 and 0.1 on view 2; solarize p = 0.2 on view 2
     only; ImageNet mean/std normalization.  On one channel, saturation, hue and grayscale are
     skipped (they are identities on gray) and the statistics are ImageNet's through the luma.
+    ``num_views`` K > 2 (a method of K equal views): the two recipes in turn.
     """
 
     def __init__(self, size=224, channels=3, scale=(0.2, 1.0), blur_sigma=(0.1, 2.0),
-                 mean=None, std=None):
+                 mean=None, std=None, num_views=2):
         super().__init__(size, channels, mean, std)
         common = dict(size=self.size, scale=tuple(scale), blur_sigma=tuple(blur_sigma))
-        self.recipes = (ViewRecipe(**common, blur_probability=1.0),
-                        ViewRecipe(**common, blur_probability=0.1, solarize_probability=0.2))
+        pair = (ViewRecipe(**common, blur_probability=1.0),
+                ViewRecipe(**common, blur_probability=0.1, solarize_probability=0.2))
+        self.recipes = tuple(pair[i % 2] for i in range(num_views))  # K views: the two in turn
 
 
 class SymmetricViews(ImageViews):
     """MoCo v2's two views, drawn alike (SimSiam's recipe, main_simsiam.py:229-238):
     RandomResizedCrop (``scale``), flip, colour jitter (0.4, 0.4, 0.4, 0.1) with p = 0.8,
-    grayscale p = 0.2, Gaussian blur p = 0.5, no solarization; ImageNet mean/std."""
+    grayscale p = 0.2, Gaussian blur p = 0.5, no solarization; ImageNet mean/std; ``num_views``
+    of them (a method of K equal views)."""
 
     def __init__(self, size=224, channels=3, scale=(0.2, 1.0), blur_sigma=(0.1, 2.0),
-                 mean=None, std=None):
+                 mean=None, std=None, num_views=2):
         super().__init__(size, channels, mean, std)
         self.recipes = (ViewRecipe(size=self.size, scale=tuple(scale), jitter=(0.4, 0.4, 0.4, 0.1),
-                                   blur_probability=0.5, blur_sigma=tuple(blur_sigma)),) * 2
+                                   blur_probability=0.5, blur_sigma=tuple(blur_sigma)),
+                        ) * int(num_views)
 
 
 class MultiCropViews(ImageViews):
@@ -533,7 +538,7 @@ class MultiCropViews(ImageViews):
     ``global_crops`` crops at ``size`` (scale ``global_scale``) then ``local_crops`` at
     ``local_size`` (scale ``local_scale``); each: flip, colour jitter (0.4, 0.4, 0.4, 0.1) with
     p = 0.8, grayscale p = 0.2, Gaussian blur p = 0.5, no solarization.  The model treats the
-    first two views as the global crops (``caco_tf.methods.caco``, ``multicrop_train_step``).
+    first two views as the global crops (``caco_tf.methods.base.Crops``).
     """
 
     def __init__(self, size=224, local_size=96, local_crops=6, global_scale=(0.14, 1.0),

@@ -291,6 +291,10 @@ class RecordSource(Source):
             return (image, path), label
         return _without_bad_records(self._records(self.instructions).map(pair), None)
 
+    def subset(self, indices):
+        """The records at positions ``indices`` of ``ordered`` (a ``Selection``)."""
+        return Selection(self, np.asarray(indices, np.int64))
+
 
 class TFDSSource(Source):
     """A TFDS split read through ``as_dataset`` (data without record files on disk, such as
@@ -340,6 +344,10 @@ class TFDSSource(Source):
                      else tf.constant(-1, tf.int64))
             return (example[self.image_key], name), label
         return self._read(self.split).map(pair)
+
+    def subset(self, indices):
+        """The examples at positions ``indices`` of ``ordered`` (a ``Selection``)."""
+        return Selection(self, np.asarray(indices, np.int64))
 
 
 def count_gaps(dataset, skipped, first=0, numbered=False):
@@ -825,15 +833,15 @@ def split_source(path, channels=1, data_dir=None, manual_dir=None):
     source = held_out if part == "held_out" else train
     if source is None:
         raise DataError(f"split file {path}: {spec} has no held-out split")
-    if not hasattr(source, "subset"):
-        raise DataError(f"split file {path}: {spec} is read as records, which a split cannot "
-                        f"choose from; use a folder or an .npz of the images")
     positions = np.asarray(positions, np.int64)
     if positions.size and (positions.min() < 0 or positions.max() >= len(source)):
         raise DataError(f"split file {path} names image {positions.max()} of {spec}, which "
                         f"holds {len(source)}: the source changed since the split was written")
     chosen = source.subset(positions)
     if split.get("labels") is not None:  # a labels file's classes (caco-compare --labels)
+        if isinstance(chosen, Selection):
+            raise DataError(f"split file {path}: labels are given for {spec}, whose records "
+                            f"carry their own (a labels file serves folders)")
         chosen.labels = np.asarray(split["labels"], np.int64)
         chosen.class_names = ()
     return chosen
@@ -850,7 +858,7 @@ def _labelled(source):
         raise DataError(f"{source.name} has no labels (labelled sources: mnist, an .npz with "
                         f"'labels', a folder of class sub-folders, a TFDS classification set, "
                         f"TFRecords with image/class/label)")
-    if isinstance(source, (TFDSSource, RecordSource)):
+    if isinstance(source, (TFDSSource, RecordSource, Selection)):
         return None
     labels = np.asarray(source.labels)
     if labels.shape != (len(source),):
@@ -864,11 +872,25 @@ def _labelled(source):
     return labels.astype(np.int64)
 
 
+def class_indices(source):
+    """Every image's class index, in the source's order (``ordered``): the labels in memory,
+    or one pass over the labels of a record source's records (images not decoded).  A
+    ``DataError`` line for a source without labels."""
+    labels = _labelled(source)
+    if labels is not None:
+        return labels
+    found = [batch for batch in source.ordered().map(lambda item, label: label).batch(
+        4096).as_numpy_iterator()]
+    return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
+
+
 def num_classes(source, *others):
     """The class count of a labelled source: TFDS metadata, its class folders, the largest
     label of TFRecords + 1, else the largest label + 1 over it and any ``others`` (e.g. its
     held-out split)."""
     labels = _labelled(source)
+    if isinstance(source, Selection):
+        return num_classes(source.source, *others)
     if isinstance(source, TFDSSource):
         return int(source.builder.info.features[source.label_key].num_classes)
     if isinstance(source, RecordSource):
@@ -925,7 +947,12 @@ def _quota_positions(labels, quota, limit, filled=None):
 
 
 class Selection(Source):
-    """Chosen records of a record source, by position in its order (``balanced_subset``)."""
+    """Chosen records of a record source, by position in its order (``ordered``): a balanced
+    subset, or a comparison's split (``split_source``).
+
+    Each pass reads the whole source in its fixed order and keeps the chosen records (the
+    others are read, not decoded); an input pipeline keeps every R-th of them.  The pipeline's
+    shuffle buffer shuffles them (a source's own coarse file shuffle would move positions)."""
 
     def __init__(self, source, positions):
         self.source, self.positions = source, np.sort(positions)
@@ -939,6 +966,9 @@ class Selection(Source):
     def has_labels(self):
         return self.source.has_labels
 
+    def shuffle_buffer(self, count):
+        return self.source.shuffle_buffer(count)
+
     def ordered(self):
         positions = tf.constant(self.positions)
         last = int(self.positions[-1]) if len(self.positions) else -1
@@ -951,6 +981,14 @@ class Selection(Source):
 
         return (self.source.ordered().take(last + 1).enumerate().filter(chosen)
                 .map(lambda position, element: element))
+
+    def items(self, shards=(1, 0), labels=False, seed=None, skipped=None):
+        """The chosen records, as the source's ``items`` gives them; ``seed`` is not used (the
+        order is the source's, the pipeline's buffer shuffles)."""
+        if labels:
+            _labelled(self)
+        return _shard(self.ordered(), shards).map(
+            (lambda item, label: (item, label)) if labels else (lambda item, label: item))
 
     def load(self, item):
         return self.source.load(item)

@@ -52,11 +52,10 @@ def model_class(method):
 
 def docs_table():
     """docs/methods.md's table of the methods, from what each class declares (its lines)."""
-    lines = ["| method | class | teacher | heads | state | global-batch quantities | multi-crop |",
+    lines = ["| method | class | teacher | heads | state | global-batch quantities | crops |",
              "|---|---|---|---|---|---|---|"]
     for name, cls in METHODS.items():
-        teacher = {"momentum": "momentum", "student": "stop-gradient student"}.get(
-            cls.TEACHER, "–")
+        teacher = "momentum" if cls.TEACHER == "momentum" else cls.DOCS_ROW.get("teacher", "–")
         if cls.TEACHER == "momentum" and cls.TEACHER_HEADS:
             teacher += ", with the " + ", ".join(_words(h) for h in cls.TEACHER_HEADS)
         reads = f" (reads `method.{cls.SETTINGS_OF}`)" if cls.SETTINGS_OF else ""
@@ -64,7 +63,7 @@ def docs_table():
             f"| `{name}`{reads} | `{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}` | "
             f"{teacher} | {', '.join(_words(h) for h in cls.HEADS) or '–'} | "
             f"{cls.DOCS_ROW['state']} | {cls.DOCS_ROW['global batch']} | "
-            f"{'yes' if cls.MULTI_CROP else '–'} |")
+            f"{cls.crops_wording()} |")
     return lines
 
 

@@ -25,18 +25,18 @@ class BankWarmup:
     EXACT_GRADIENT = False
 
     def __init__(self, model):
-        """The warm-up of ``model``, which has built its key encoder and state: a bank of the
-        warm-up's own when the method has none."""
+        """The warm-up of ``model``, which has built its parts and state; what the method
+        lacks, the warm-up adds for itself: a key encoder and a bank (``warmup_bank_size``
+        rows)."""
         self.model = model
+        if model.key_encoder is None:
+            own = "key_momentum" in model.argument_defaults()  # a setting unused outside it
+            model.key_encoder = model.momentum_teacher(
+                model.key_momentum if own else model.warmup_key_momentum)
         if model.memory_bank is None:
             rows = (model.bank_size if "bank_size" in model.argument_defaults()
                     else model.warmup_bank_size)
             model.memory_bank = MemoryBank(rows, model.embedding_dim, 0.0)
-
-    @staticmethod
-    def teacher_momentum(model):
-        """The EMA momentum of the key encoder the warm-up gives a method without a teacher."""
-        return model.warmup_key_momentum
 
     def on_end(self):
         """What the run does as the warm-up ends: the teacher re-synced to the student

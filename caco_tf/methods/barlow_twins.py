@@ -32,12 +32,6 @@ class BarlowTwins(Method):
     DOCS_ROW = {"state": "–", "global batch": "standardization, cross-correlation"}
     PROJECTOR = dict(layers_count=3)
 
-    def forward(self, crops, training):
-        return [self._projection(crop, training) for crop in crops]
-
     def method_loss(self, outputs, targets, step):
         return losses.barlow_twins_loss(outputs[0], outputs[1], self.redundancy_weight,
                                         distribute.global_sum), {}
-
-    def view_embeddings(self, outputs):
-        return losses.l2_normalize(outputs[0]), losses.l2_normalize(outputs[1])

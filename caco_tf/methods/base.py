@@ -14,17 +14,20 @@ A method is a ``keras.Model`` whose step is its algorithm, read top to bottom (`
 5. after the step (``after_step``): the teacher follows the student (EMA), SwAV's prototypes
    return to the unit sphere.
 
-Two views and N global + M local crops (``MULTI_CROP`` methods) run the same step: the crops
-come as one tuple, two global crops first.
+A method declares the crops it takes (``CROPS``): two views, K equal views (W-MSE's), or two
+global crops then local ones (multi-crop: CaCo, SwAV, DINO).  The views follow from it
+(``caco_tf.build.build_views``) and every kind runs the same step: the crops come as one tuple,
+the global crops first.
 
 A method declares its parts; the base builds and trains them:
 
-- the student: ``backbone`` → ``projector`` (the embedding network ``query_encoder`` adds the
-  L2 normalization), then the heads it names in ``HEADS`` (a predictor, prototypes, DINO's
-  last layer), which it builds in ``build_heads``;
+- the student: ``backbone`` → ``projector``, whose raw projection (``project``) the default
+  ``forward`` gives (the embedding network ``query_encoder`` adds the L2 normalization, for
+  the methods that work on the unit sphere), then the heads it names in ``HEADS`` (a
+  predictor, prototypes, DINO's last layer), which it builds in ``build_heads``;
 - the teacher, ``TEACHER``: ``"momentum"`` (an EMA copy of the embedding network and the
-  ``TEACHER_HEADS``, its momentum the setting ``key_momentum``), ``"student"`` (the student's
-  own outputs without gradient) or None;
+  ``TEACHER_HEADS``, its momentum the setting ``key_momentum``) or None (a method whose
+  targets are its own outputs stops their gradient in its loss: SimSiam, SwAV);
 - its state, built in ``build_state``: a bank (``MemoryBank``), a queue or a center;
 - its settings, ``SETTINGS``: the section ``method.<name>`` of a run's configuration, each
   setting the constructor argument of its name (``caco_tf.config.Setting``).
@@ -40,7 +43,7 @@ import collections
 import keras
 import tensorflow as tf
 
-from caco_tf import health
+from caco_tf import health, losses
 from caco_tf.methods.momentum_encoder import UNIT_LAYER, MomentumEncoder, build_encoder
 from caco_tf.methods.summary import parts_table
 from caco_tf.training import distribute, steps
@@ -52,6 +55,11 @@ Objective = collections.namedtuple("Objective", "loss gradients diagnostics")
 # A run's phase: from ``first_step`` on, the step of ``hooks`` (the method or the warm-up), the
 # ``frozen`` heads left out of the optimizer; ``on_enter`` runs once at ``first_step``.
 Phase = collections.namedtuple("Phase", "first_step hooks frozen on_enter")
+
+# The crops a method takes: ``views`` equal full-size views of each image (2, or K: a number or
+# the name of the method's setting that gives it), and whether local crops may follow the two
+# global ones (``local``: multi-crop, ``data.views multicrop``).
+Crops = collections.namedtuple("Crops", "views local")
 
 # Arguments every method takes besides its own SETTINGS (build_model gives them).
 COMMON_ARGUMENTS = ("warmup_steps", "online_probe_classes", "multi_crop", "sync_batchnorm",
@@ -69,7 +77,8 @@ class Method(keras.Model):
       online_probe_classes: if set, an online linear probe (evaluation only, ``probe_top1``):
         a Dense head with its own optimizer on stop-gradient backbone features of the first
         crop of labelled batches.  It never changes the encoder.
-      multi_crop: batches hold two global crops then local crops (``MULTI_CROP`` methods).
+      multi_crop: batches hold two global crops then local crops (methods whose ``CROPS``
+        take local ones).
       sync_batchnorm: the heads' BatchNorm statistics over all replicas (as the projector's).
       preprocessing: how images reach the backbone (``image_size``, ``channels``, ``mean``,
         ``std``, optionally ``crop_fraction``), for ``export``; ``build_model`` sets it.
@@ -85,12 +94,12 @@ class Method(keras.Model):
     method = None                  # the name ``method.name`` gives it
     SETTINGS = {}                  # its own settings: method.<method>.<key>
     SETTINGS_OF = None             # the method whose settings it reads instead (ablation rows)
-    TEACHER = None                 # "momentum", "student" or None
+    TEACHER = None                 # "momentum" or None
     TEACHER_HEADS = ()             # heads the momentum teacher copies (DINO's last layer)
     WARMUP = None                  # the part run before its steps (bank_warmup.BankWarmup)
     HEADS = ()                     # the student's heads, by attribute name
     PROJECTOR = {}                 # the projector's shape (nets.backbones.build_mlp; CaCo's)
-    MULTI_CROP = False             # takes local crops besides the two global ones
+    CROPS = Crops(views=2, local=False)  # the crops it takes (``Crops``)
     EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
     DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
     views_on_device = None  # augment.ColourOnDevice: the views' colour work, in the step
@@ -99,15 +108,17 @@ class Method(keras.Model):
     DIVERGENCE_ADVICE = ("lower the learning rate (train.learning_rate) or use train.precision "
                          "float32")     # what to change when its loss becomes NaN or infinite
     TEACHER_NAME = "teacher"       # the momentum teacher's name in ``summary``
-    # docs/methods.md's row, beside what the attributes above say: the state it keeps and the
-    # quantities it reduces over the global batch (``caco_tf.methods.describe``).
+    # docs/methods.md's row, beside what the attributes above say: the state it keeps, the
+    # quantities it reduces over the global batch and, without a momentum teacher, what
+    # serves as one ("teacher") (``caco_tf.methods.docs_table``).
     DOCS_ROW = {"state": "–", "global batch": "–"}
 
     def __init__(self, backbone, projector, warmup_steps=0, online_probe_classes=None,
                  multi_crop=False, sync_batchnorm=False, preprocessing=None, run_settings=None,
                  name=None, **arguments):
-        if multi_crop and not self.MULTI_CROP:
-            raise ValueError(f"method {self.method!r} takes two views, not multi-crop")
+        if multi_crop and not self.CROPS.local:
+            raise ValueError(f"method {self.method!r} takes {self.crops_wording()}, not "
+                             f"multi-crop")
         unknown = sorted(set(arguments) - set(self.argument_defaults()))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown arguments {', '.join(unknown)} "
@@ -123,6 +134,8 @@ class Method(keras.Model):
         self.preprocessing = dict(preprocessing) if preprocessing else None
         self.run_settings = run_settings
         self.multi_crop = bool(multi_crop)
+        views = self.CROPS.views  # K, or the name of its setting (a constructor argument)
+        self.views_per_image = views if isinstance(views, int) else int(getattr(self, views))
         self.sync_batchnorm = bool(sync_batchnorm)  # the heads' BatchNorm, as the projector's
         self.warmup_steps = int(warmup_steps)
         if self.warmup_steps and self.WARMUP is None:
@@ -132,15 +145,11 @@ class Method(keras.Model):
         self._projector_name = projector.name  # its layer in the embedding network
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
         self.build_heads()
-        self.key_encoder = None
-        if self.TEACHER == "momentum" or self.warmup_steps:  # the warm-up's keys, too
-            momentum = (self.key_momentum if "key_momentum" in self.argument_defaults()
-                        else self.WARMUP.teacher_momentum(self))
-            self.key_encoder = MomentumEncoder.following(
-                [self.query_encoder] + self._teacher_heads(), backbone, projector, momentum,
-                heads=self._teacher_heads())
+        self.key_encoder = (self.momentum_teacher(self.key_momentum)
+                            if self.TEACHER == "momentum" else None)
         self.memory_bank = None
         self.build_state()
+        # The warm-up adds what it needs and the method lacks (a bank, a key encoder).
         self.warmup = self.WARMUP(self) if self.warmup_steps else None
 
         self.loss_tracker = keras.metrics.Mean(name="loss")
@@ -173,6 +182,24 @@ class Method(keras.Model):
         counted in epochs is an argument in steps (default 0)."""
         return {setting.argument or key: 0 if setting.in_steps else setting.default
                 for key, setting in cls.SETTINGS.items() if setting.passed}
+
+    @classmethod
+    def view_count(cls, settings=None):
+        """K, the equal full-size views it takes of each image (``CROPS.views``); ``settings``:
+        its section of a run's configuration (else its defaults)."""
+        views = cls.CROPS.views
+        if isinstance(views, int):
+            return views
+        return (settings or {}).get(views, cls.SETTINGS[views].default)
+
+    @classmethod
+    def crops_wording(cls):
+        """What it takes, in words (docs/methods.md's table, its errors)."""
+        views = cls.CROPS.views
+        words = f"{views} views" if isinstance(views, int) else (
+            f"K equal views (`method.{cls.method}.{views}`, default "
+            f"{cls.SETTINGS[views].default})")
+        return words + (", or 2 global crops then local crops" if cls.CROPS.local else "")
 
     @classmethod
     def check_batch(cls, settings, replica_batch, embedding_dim):
@@ -213,6 +240,13 @@ class Method(keras.Model):
     def _teacher_heads(self):
         return [getattr(self, name) for name in self.TEACHER_HEADS]
 
+    def momentum_teacher(self, momentum):
+        """An EMA copy (``MomentumEncoder``) of the embedding network and the
+        ``TEACHER_HEADS``, equal to them now; ``momentum``: a float or a schedule of the step."""
+        return MomentumEncoder.following(
+            [self.query_encoder] + self._teacher_heads(), self.backbone, self.projector,
+            momentum, heads=self._teacher_heads())
+
     def _chain_variables(self, heads):
         """The embedding network's trainable variables, then those of ``heads``."""
         return self.query_encoder.trainable_variables + [
@@ -244,14 +278,16 @@ class Method(keras.Model):
     # ------------------------------------------------------------------ what a method gives
     def targets(self, crops, training):
         """The teacher's outputs [t¹, t²] for the global crops (pre-step); None without a
-        momentum teacher ("student": ``method_loss`` stops its own outputs' gradient)."""
+        momentum teacher."""
         if self.TEACHER != "momentum":
             return None
         return [self.key_encoder(crop, training=training) for crop in crops[:2]]
 
     def forward(self, crops, training):
-        """The student's outputs for every crop; by default each crop's embedding."""
-        return [self.query_encoder(crop, training=training) for crop in crops]
+        """The student's outputs for every crop; by default each crop's raw projection
+        (``project``): the method or its loss normalizes what it needs.  A method with heads
+        may give a dict per crop, its ``"projection"`` beside the heads' outputs."""
+        return [self.project(crop, training) for crop in crops]
 
     def method_loss(self, outputs, targets, step):
         """(the loss, {diagnostic: value}) from the outputs, the targets and the pre-step
@@ -272,8 +308,10 @@ class Method(keras.Model):
             self.key_encoder.follow(self._chain_variables(self._teacher_heads()), step)
 
     def view_embeddings(self, outputs):
-        """The global crops' unit embeddings in ``outputs`` (alignment, uniformity)."""
-        return outputs[0], outputs[1]
+        """The two global crops' unit embeddings (alignment, uniformity): by default their
+        projections (``forward``'s) normalized."""
+        return tuple(losses.l2_normalize(output["projection"] if isinstance(output, dict)
+                                         else output) for output in outputs[:2])
 
     def track_diagnostics(self, diagnostics):
         """Update the trackers from a step's diagnostics (the warm-up's too, which may lack
@@ -297,8 +335,10 @@ class Method(keras.Model):
         crops, labels = _crops(data), _labels(data)
         if self.views_on_device is not None:
             crops = self.views_on_device.colour(crops)
-        if len(crops) > 2 and not self.MULTI_CROP:
-            raise ValueError(f"method {self.method!r} takes two views, got {len(crops)} crops")
+        if len(crops) != self.views_per_image and not (self.CROPS.local and len(crops) > 2):
+            raise ValueError(f"method {self.method!r} takes {self.views_per_image} views"
+                             f"{' (or 2 global then local crops)' if self.CROPS.local else ''}"
+                             f", got {len(crops)} crops")
         step = self.optimizer.iterations
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)  # this step's
 
@@ -351,8 +391,9 @@ class Method(keras.Model):
                                            output_gradients=output_gradients), variables)
 
     # ------------------------------------------------------------------ pieces of a step
-    def _projection(self, crop, training):
-        """The student's raw projection of a crop (before the L2 normalization)."""
+    def project(self, crop, training):
+        """The student's raw projection of a crop: backbone → projector, before the
+        embedding network's L2 normalization (``query_encoder`` gives the unit one)."""
         return self.projector(self.backbone(crop, training=training), training=training)
 
     def _forward_by_resolution(self, crops, network, training):

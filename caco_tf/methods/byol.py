@@ -44,15 +44,11 @@ class BYOL(Method):
                                    sync_batchnorm=self.sync_batchnorm, name="predictor")
 
     def forward(self, crops, training):
-        projections = [self._projection(crop, training) for crop in crops]
-        return [{"embedding": losses.l2_normalize(z), "prediction": self.predictor(
-            z, training=training)} for z in projections]
+        return [{"projection": z, "prediction": self.predictor(z, training=training)}
+                for z in super().forward(crops, training)]
 
     def method_loss(self, outputs, targets, step):
         """Each view's prediction regresses the other view's target projection."""
         return (tf.reduce_mean(losses.regression_loss(outputs[0]["prediction"], targets[1]))
                 + tf.reduce_mean(losses.regression_loss(outputs[1]["prediction"], targets[0]))
                 ), {}
-
-    def view_embeddings(self, outputs):
-        return outputs[0]["embedding"], outputs[1]["embedding"]

@@ -26,7 +26,7 @@ import tensorflow as tf
 from caco_tf import bank as bank_lib
 from caco_tf import health, losses
 from caco_tf.methods.bank_warmup import warmup_settings
-from caco_tf.methods.base import Objective
+from caco_tf.methods.base import Crops, Objective
 from caco_tf.methods.contrastive import ContrastiveMethod
 from caco_tf.settings import Setting, integer, number
 
@@ -62,7 +62,7 @@ class CaCo(ContrastiveMethod):
     }
     BANK = True
     LEARNS_BANK = True
-    MULTI_CROP = True
+    CROPS = Crops(views=2, local=True)
     DOCS_ROW = {"state": "bank (trained)", "global batch": "the bank's gradient"}
     EXACT_GRADIENT = True
     COLLAPSE_ADVICE = ("lengthen the warm-up (method.caco.warmup_epochs, "

@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.base import Method
+from caco_tf.methods.base import Crops, Method
 from caco_tf.methods.state import RunningMean
 from caco_tf.nets.layers import NormalizedDense
 from caco_tf.settings import Setting, boolean, integer, number
@@ -52,7 +52,7 @@ class DINO(Method):
     }
     TEACHER = "momentum"
     HEADS = TEACHER_HEADS = ("last_layer",)
-    MULTI_CROP = True
+    CROPS = Crops(views=2, local=True)
     DOCS_ROW = {"state": "center", "global batch": "the center"}
     PROJECTOR = dict(layers_count=3, bias=True, hidden_batchnorm=False, activation="gelu")
     DIAGNOSTICS = ("teacher_entropy",)

@@ -56,9 +56,8 @@ class MoCoV3(Method):
                                    sync_batchnorm=self.sync_batchnorm, name="predictor")
 
     def forward(self, crops, training):
-        projections = [self._projection(crop, training) for crop in crops]
-        return [{"embedding": losses.l2_normalize(z), "query": self.predictor(
-            z, training=training)} for z in projections]
+        return [{"projection": z, "query": self.predictor(z, training=training)}
+                for z in super().forward(crops, training)]
 
     def method_loss(self, outputs, targets, step):
         """Each view's query against the other view's keys of the global batch."""
@@ -69,6 +68,3 @@ class MoCoV3(Method):
         return tf.reduce_mean(losses.moco_v3_loss(
             queries, distribute.all_gather(keys), self.temperature,
             offset=distribute.replica_offset(tf.shape(queries)[0])))
-
-    def view_embeddings(self, outputs):
-        return outputs[0]["embedding"], outputs[1]["embedding"]

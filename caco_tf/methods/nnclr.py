@@ -51,14 +51,13 @@ class NNCLR(Method):
                                  name="support_set")
 
     def forward(self, crops, training):
-        projections = [self._projection(crop, training) for crop in crops]
-        return [{"embedding": losses.l2_normalize(z), "prediction": self.predictor(
-            z, training=training)} for z in projections]
+        return [{"projection": z, "prediction": self.predictor(z, training=training)}
+                for z in super().forward(crops, training)]
 
     def method_loss(self, outputs, targets, step):
         support = losses.l2_normalize(self.support_set.read())
-        neighbour1, neighbour2 = (losses.nearest_neighbours(output["embedding"], support)
-                                  for output in outputs[:2])
+        neighbour1, neighbour2 = (losses.nearest_neighbours(embedding, support)
+                                  for embedding in self.view_embeddings(outputs))
         return 0.5 * (self._contrast(neighbour1, outputs[1]["prediction"])
                       + self._contrast(neighbour2, outputs[0]["prediction"])), {}
 
@@ -68,7 +67,4 @@ class NNCLR(Method):
             offset=distribute.replica_offset(tf.shape(neighbours)[0])))
 
     def update_state(self, outputs, targets, step):
-        self.support_set.enqueue(outputs[0]["embedding"])
-
-    def view_embeddings(self, outputs):
-        return outputs[0]["embedding"], outputs[1]["embedding"]
+        self.support_set.enqueue(self.view_embeddings(outputs)[0])

@@ -32,7 +32,7 @@ class SimSiam(Method):
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     WARMUP = BankWarmup
-    TEACHER = "student"
+    DOCS_ROW = dict(Method.DOCS_ROW, teacher="the stop-gradient student")
     HEADS = ("predictor",)
     PROJECTOR = dict(layers_count=3, last_batchnorm="plain")
     DIAGNOSTICS = ("embedding_std",)
@@ -46,9 +46,8 @@ class SimSiam(Method):
             else keras.layers.Identity(name="predictor")
 
     def forward(self, crops, training):
-        projections = [self._projection(crop, training) for crop in crops]
         return [{"projection": z, "prediction": self.predictor(z, training=training)}
-                for z in projections]
+                for z in super().forward(crops, training)]
 
     def method_loss(self, outputs, targets, step):
         """The stop-gradient student is the teacher: each prediction against the other
@@ -60,7 +59,3 @@ class SimSiam(Method):
                                                               first["projection"])))
         spread = losses.embedding_spread(first["projection"])  # its collapse measure
         return loss, {"embedding_std": tf.stop_gradient(spread)}
-
-    def view_embeddings(self, outputs):
-        return (losses.l2_normalize(outputs[0]["projection"]),
-                losses.l2_normalize(outputs[1]["projection"]))

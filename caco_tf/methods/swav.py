@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 from caco_tf import losses
-from caco_tf.methods.base import Method
+from caco_tf.methods.base import Crops, Method
 from caco_tf.methods.state import Queue
 from caco_tf.training import distribute
 from caco_tf.settings import Setting, integer, number
@@ -43,10 +43,10 @@ class SwAV(Method):
             1.0, number(0.0), "epochs the prototypes stay as initialized",
             in_steps="freeze_prototypes_steps"),
     }
-    TEACHER = "student"
     HEADS = ("prototypes",)
-    MULTI_CROP = True
-    DOCS_ROW = {"state": "queues (optional)", "global batch": "Sinkhorn's sums"}
+    CROPS = Crops(views=2, local=True)
+    DOCS_ROW = {"state": "queues (optional)", "global batch": "Sinkhorn's sums",
+                "teacher": "the stop-gradient student"}
     PROJECTOR = dict(layers_count=2, bias=True)
     COLLAPSE_ADVICE = ("lower method.swav.epsilon (0.03), freeze the prototypes longer "
                        "(method.swav.freeze_prototypes_epochs), start the queue later or shorten "

@@ -33,13 +33,7 @@ class VICReg(Method):
     DOCS_ROW = {"state": "–", "global batch": "variance, covariance"}
     PROJECTOR = dict(layers_count=3)
 
-    def forward(self, crops, training):
-        return [self._projection(crop, training) for crop in crops]
-
     def method_loss(self, outputs, targets, step):
         return losses.vicreg_loss(outputs[0], outputs[1], self.invariance_weight,
                                   self.variance_weight, self.covariance_weight,
                                   distribute.all_gather), {}
-
-    def view_embeddings(self, outputs):
-        return losses.l2_normalize(outputs[0]), losses.l2_normalize(outputs[1])

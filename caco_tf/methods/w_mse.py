@@ -3,7 +3,7 @@
 import keras
 
 from caco_tf import losses
-from caco_tf.methods.base import Method
+from caco_tf.methods.base import Crops, Method
 from caco_tf.settings import Setting, integer, number
 
 
@@ -12,8 +12,9 @@ class WMSE(Method):
     """Whitening MSE (Ermolov, Siarohin, Sangineto & Sebe, ICML 2021), as htdt/self-supervised
     does it (methods/w_mse.py, methods/whitening.py) with one whitening per step (w_iter 1):
     each view's projections split into sub-batches of ``whitening_size`` images, each
-    sub-batch whitened (Cholesky: zero mean, identity covariance), then 2 - 2 cos between the
-    two views' whitened vectors, averaged over the images.
+    sub-batch whitened (Cholesky: zero mean, identity covariance), then 2 - 2 cos between two
+    views' whitened vectors, averaged over the images and over every pair of the ``views``
+    equal views of each image (num_samples: 2, or 4 for the paper's W-MSE 4).
 
     No negatives and no teacher: the whitening itself keeps the embeddings from collapsing
     (a whitened batch cannot sit at one point).  The sub-batches are a replica's consecutive
@@ -32,7 +33,10 @@ class WMSE(Method):
             0.0, number(0.0, 1.0, high_open=True), "shrinkage of each sub-batch's covariance "
             "towards the identity before its Cholesky factor (w_eps)", tiny=0.1,
             search=(0.01, 0.03, 0.1)),  # above 0: any sub-batch's covariance inverts
+        "views": Setting(2, integer(2, 16), "K, equal views of each image, every pair of them "
+                         "compared (num_samples: 4 for W-MSE 4)"),
     }
+    CROPS = Crops(views="views", local=False)
     DOCS_ROW = {"state": "–", "global batch": "– (a replica's sub-batches are whitened)"}
     PROJECTOR = dict(layers_count=2, bias=True)
 
@@ -48,12 +52,6 @@ class WMSE(Method):
                     f"method.w_mse.whitening_epsilon above 0")
         return None
 
-    def forward(self, crops, training):
-        return [self._projection(crop, training) for crop in crops]
-
     def method_loss(self, outputs, targets, step):
-        return losses.w_mse_loss(outputs[0], outputs[1], self.whitening_size,
-                                 self.whitening_epsilon), {}
-
-    def view_embeddings(self, outputs):
-        return losses.l2_normalize(outputs[0]), losses.l2_normalize(outputs[1])
+        return losses.w_mse_views_loss(outputs, self.whitening_size,
+                                       self.whitening_epsilon), {}
