@@ -431,3 +431,13 @@ def test_the_watchdog_times_every_phase_and_a_long_pass_by_its_batches(monkeypat
     assert ended == [75, 75] and capfd.readouterr().err.splitlines()[-1].startswith(
         "error: worker task 1 is not answering: the end-of-run kNN evaluation (after global "
         "step 7) has waited more than 1.5 s")
+
+
+def test_keras_clipping_on_several_replicas_is_refused_in_one_line():
+    from tiny_methods import tiny
+
+    with _two_cpus().scope():
+        with pytest.raises(ValueError, match="^optimizer clipnorm on 2 replicas clips each "
+                                             "replica's share of the gradient"):
+            tiny("byol", optimizer=lambda: keras.optimizers.SGD(0.1, clipnorm=1.0))
+    tiny("byol", optimizer=lambda: keras.optimizers.SGD(0.1, clipnorm=1.0))  # one: exact

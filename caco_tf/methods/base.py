@@ -449,6 +449,14 @@ class Method(keras.Model):
 
     def compile(self, optimizer="sgd", **kwargs):
         super().compile(optimizer=optimizer, **kwargs)
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        clipping = [name for name in ("clipnorm", "global_clipnorm", "clipvalue")
+                    if getattr(self.optimizer, name, None)]
+        if clipping and replicas > 1:  # Keras' TF backend clips before the all-reduce
+            raise ValueError(
+                f"optimizer {clipping[0]} on {replicas} replicas clips each replica's share of "
+                f"the gradient, not the gradient: use train.clip_gradient_norm (or the "
+                f"clip_tensor_norm of caco_tf's LARS and AdamW), which clips the summed one")
         # The student's parts only: the teacher follows by EMA, the state by its own rule.
         # Building here keeps Keras from allocating slots for the teacher.
         self.optimizer.build(self.student_variables)
