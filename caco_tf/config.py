@@ -595,7 +595,7 @@ def _validate(config):
     multi_crop = [m for m, cls in _tables().classes.items() if cls.CROPS.local]
     if data["views"] == "multicrop" and method["name"] not in multi_crop:
         raise ConfigError(f"method.name {method['name']} takes "
-                          f"{_tables().classes[method['name']].crops_wording().replace('`', '')}; "
+                          f"{_tables().classes[method['name']].crops_wording()}; "
                           f"data.views multicrop works with method.name {', '.join(multi_crop)}")
     if data["views_on_device"] and data["views"] == "digits":
         raise ConfigError("data.views_on_device applies to the colour views (asymmetric, "

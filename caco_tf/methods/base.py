@@ -197,7 +197,7 @@ class Method(keras.Model):
         """What it takes, in words (docs/methods.md's table, its errors)."""
         views = cls.CROPS.views
         words = f"{views} views" if isinstance(views, int) else (
-            f"K equal views (`method.{cls.method}.{views}`, default "
+            f"K equal views (method.{cls.method}.{views}, default "
             f"{cls.SETTINGS[views].default})")
         return words + (", or 2 global crops then local crops" if cls.CROPS.local else "")
 
