@@ -427,6 +427,20 @@ def test_labelled_multicrop_batches(tmp_path):
     assert len(_crops(labelled[0])) == 3 and _labels(labelled[0]) is labels
 
 
+def test_a_selection_of_tfds_examples_trains_on_them_alone():
+    echo = EchoImageViews(28)
+    with tfds.testing.mock_data(num_examples=12):
+        train, _ = data.load_source("tfds:mnist")
+        every = [(image_ops.decode_image(contents, 1).numpy().tobytes(), int(label))
+                 for (contents, _), label in train.ordered().as_numpy_iterator()]
+        chosen = train.subset([1, 4, 7, 9])
+        assert data.class_indices(chosen).tolist() == [every[p][1] for p in (1, 4, 7, 9)]
+        batches = data.pretrain_dataset(chosen, 2, echo, seed=0, steps_per_epoch=2).take(2)
+        seen = sorted(np.round(view1.numpy()).astype(np.uint8)[i].tobytes()
+                      for view1, _ in batches for i in range(2))
+        assert seen == sorted(every[p][0] for p in (1, 4, 7, 9))
+
+
 @pytest.mark.slow
 def test_labelled_tfds_batches_and_sharding():
     echo = EchoImageViews(28)
