@@ -105,3 +105,24 @@ def test_the_views_follow_the_methods_crops():
                                           r"\(method.w_mse.views, default 2\); data.views "
                                           "multicrop works with method.name caco, dino, swav"):
         load_config(None, ["method.name=w_mse", "data.views=multicrop", "data.image_size=32"])
+
+
+@pytest.mark.slow
+def test_four_views_on_one_replica_equal_two_replicas():
+    import keras
+    import tensorflow as tf
+
+    from test_distributed import _assert_close, _cpus
+    from tiny_methods import BATCH
+
+    batch = views(batch=2 * BATCH, crops=4)  # a replica's sub-batches: whitening_size 8
+    runs = []
+    for replicas in (1, 2):
+        keras.utils.set_random_seed(0)
+        with _cpus(replicas).scope() if replicas > 1 else tf.distribute.get_strategy().scope():
+            model = tiny("w_mse", sync=True, run_eagerly=True, views=4)
+        runs.append((model, fit_once(model, batch)["loss"][0]))
+    (single, single_loss), (mirrored, loss) = runs
+    assert loss == pytest.approx(single_loss, rel=1e-5, abs=1e-6)
+    for a, b in zip(single.weights, mirrored.weights):
+        _assert_close(b.numpy(), a.numpy(), f"2 replicas: {a.path}")
