@@ -68,22 +68,22 @@ def measure(train_glob, held_out_glob, unbounded, batch):
     from caco_tf import build, data
     from caco_tf.evaluation.monitor import knn_monitor
     from caco_tf.evaluation import knn
-    from caco_tf import load_config
+    from caco_tf import RunSettings, load_config
 
     config = load_config(None, [
         f"data.source=tfrecord:{train_glob}", f"data.held_out=tfrecord:{held_out_glob}",
         f"data.image_size={SIZE}", "data.channels=3", "data.views=asymmetric",
         "model.projector_hidden=256", "model.embedding_dim=64", "method.caco.bank_size=4096",
         f"train.batch_size={batch}", "evaluation.batch_size=500"])
-    train, held_out = build.load_data(config)
-    views = build.build_views(config)
+    train, held_out = build.load_data(RunSettings.of(config).data)
+    views = build.run_views(config)
     model = build.build_model(config, steps_per_epoch=len(train) // batch)
     start = time.perf_counter()
     if unbounded:  # as before: every training image, one process, all features in memory
         train_features, train_labels = knn.extract_features(
-            model.backbone, build.eval_dataset(config, views, train))
+            model.backbone, build.eval_dataset(RunSettings.of(config), views, train))
         test_features, test_labels = knn.extract_features(
-            model.backbone, build.eval_dataset(config, views, held_out))
+            model.backbone, build.eval_dataset(RunSettings.of(config), views, held_out))
         knn.knn_accuracy(train_features, train_labels, test_features, test_labels, 200)
     else:
         monitor = knn_monitor(config, views, train, held_out)

@@ -21,7 +21,7 @@ def main(argv=None):
     import keras
     import numpy as np
 
-    from caco_tf import build_model, build_views, load_config, load_data
+    from caco_tf import RunSettings, build_model, load_config, load_data, run_views
     from caco_tf.data import eval_dataset
     from caco_tf.evaluation import knn, linear
 
@@ -35,8 +35,8 @@ def main(argv=None):
         args.seeds = 1
     config = load_config(os.path.join(_harness.ROOT, "configs", "mnist.yaml"),
                          [f"data.source={args.data}"])
-    train, test = load_data(config)
-    views = build_views(config)
+    train, test = load_data(RunSettings.of(config).data)
+    views = run_views(config)
     preprocessing = linear.Preprocessing(28, 1, views.mean, views.std)
 
     def pixels(x):

@@ -207,11 +207,11 @@ def batchnorm_parts(backbone, views):
 
 def input_pipeline(config, count):
     """Seconds per batch of the run's input pipeline alone."""
-    from caco_tf import build_views, load_data, pretrain_dataset
+    from caco_tf import RunSettings, load_data, pretrain_dataset, run_views
 
-    train, _ = load_data(config)
+    train, _ = load_data(RunSettings.of(config).data)
     batch = config["train"]["batch_size"]
-    dataset = pretrain_dataset(train, batch, build_views(config), seed=config["data"]["seed"],
+    dataset = pretrain_dataset(train, batch, run_views(config), seed=config["data"]["seed"],
                                image_size=config["data"]["image_size"],
                                channels=config["data"]["channels"],
                                steps_per_epoch=len(train) // batch)

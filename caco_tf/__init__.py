@@ -45,6 +45,8 @@ _API = {
     "DEFAULTS": "caco_tf.config",
     "build_model": "caco_tf.build",
     "build_views": "caco_tf.build",
+    "run_views": "caco_tf.build",
+    "RunSettings": "caco_tf.run_settings",
     "load_data": "caco_tf.build",
     "load_run": "caco_tf.build",
     "knn_top1": "caco_tf.evaluation.monitor",

@@ -22,22 +22,21 @@ from caco_tf.nets import backbones
 from caco_tf.training import callbacks, optimizers
 from caco_tf.config import (ConfigError, load_config, settings_section,
                             upgrade_saved_config)
+from caco_tf.run_settings import RunSettings
 from caco_tf.training.run_folder import RunFolder
 
 
-def load_data(config):
+def load_data(data):
     """The training source and the labelled held-out source, if any: ``data.held_out`` when
-    set, else the source's own held-out split (``sources.load_source``).
+    set, else the source's own held-out split (``sources.load_source``); ``data``: the run's
+    data settings (``RunSettings.data``).
 
     The encoder never sees labels; they serve evaluation only (kNN, the online probe)."""
-    settings = config["data"]
-    train, held_out = sources.load_source(
-        settings["source"], channels=settings["channels"], data_dir=settings["data_dir"],
-        manual_dir=settings["manual_dir"])
-    if settings["held_out"]:
-        held_out = sources.load_held_out(
-            settings["held_out"], train, channels=settings["channels"],
-            data_dir=settings["data_dir"], manual_dir=settings["manual_dir"])
+    train, held_out = sources.load_source(data.source, channels=data.channels,
+                                          data_dir=data.data_dir, manual_dir=data.manual_dir)
+    if data.held_out:
+        held_out = sources.load_held_out(data.held_out, train, channels=data.channels,
+                                         data_dir=data.data_dir, manual_dir=data.manual_dir)
     return train, held_out
 
 
@@ -66,46 +65,45 @@ class RunPlan:
     probe_classes: Optional[int]     # the online probe's: None without the probe
 
     @classmethod
-    def of(cls, config, steps_per_epoch, replicas=1, probe_classes=None):
-        """The plan of ``config`` at ``steps_per_epoch`` over ``replicas``; ``probe_classes``
-        counts only with ``evaluation.online_probe`` on.
+    def of(cls, settings, steps_per_epoch, replicas=1, probe_classes=None):
+        """The plan of a run's ``settings`` (``RunSettings``) at ``steps_per_epoch`` over
+        ``replicas``; ``probe_classes`` counts only with ``evaluation.online_probe`` on.
 
         The warm-up lasts ``warmup_epochs`` epochs of the method's section, and at least its
         ``warmup_min_steps`` (the key encoder's EMA needs a few hundred steps to follow the
         student before the resync, however few steps an epoch has); it fills the method's own
         bank, or the warm-up's."""
-        name = config["method"]["name"]
-        section = settings_section(name)
-        settings = config["method"][section]
-        warmup = bool(settings.get("warmup_epochs"))
+        own = settings.method_settings
+        warmup = bool(own.get("warmup_epochs"))
         return cls(
-            method=model_class(name), section=section, settings=settings,
-            batch_size=config["train"]["batch_size"], epochs=config["train"]["epochs"],
+            method=model_class(settings.method), section=settings.method_section, settings=own,
+            batch_size=settings.train.batch_size, epochs=settings.train.epochs,
             steps_per_epoch=steps_per_epoch, replicas=replicas,
-            warmup_steps=(max(settings["warmup_epochs"] * steps_per_epoch,
-                              settings["warmup_min_steps"]) if warmup else 0),
-            warmup_bank_rows=(settings.get("bank_size", settings.get("warmup_bank_size"))
+            warmup_steps=(max(own["warmup_epochs"] * steps_per_epoch,
+                              own["warmup_min_steps"]) if warmup else 0),
+            warmup_bank_rows=(own.get("bank_size", own.get("warmup_bank_size"))
                               if warmup else None),
-            probe_classes=probe_classes if config["evaluation"]["online_probe"] else None)
+            probe_classes=probe_classes if settings.evaluation.online_probe else None)
 
     @property
     def total_steps(self):
         return self.epochs * self.steps_per_epoch
 
 
-def plan_run(config, train, replicas=1):
-    """The ``RunPlan`` of pre-training on the source ``train`` over ``replicas``, after
-    refusing, in one line, what they cannot hold (``check_sizes``, ``check_image_size``,
-    ``online_probe_classes``): before anything is built."""
-    plan = RunPlan.of(config, len(train) // config["train"]["batch_size"], replicas)
-    check_sizes(plan, len(train), config["model"]["embedding_dim"])
-    check_image_size(config, train)
-    return dataclasses.replace(plan, probe_classes=online_probe_classes(config, train))
+def plan_run(settings, train, replicas=1):
+    """The ``RunPlan`` of pre-training on the source ``train`` over ``replicas`` with a run's
+    ``settings`` (``RunSettings``), after refusing, in one line, what they cannot hold
+    (``check_sizes``, ``check_image_size``, ``online_probe_classes``): before anything is
+    built."""
+    plan = RunPlan.of(settings, len(train) // settings.train.batch_size, replicas)
+    check_sizes(plan, len(train), settings.model.embedding_dim)
+    check_image_size(settings.data, train)
+    return dataclasses.replace(plan, probe_classes=online_probe_classes(settings, train))
 
 
 def warmup_steps(config, steps_per_epoch):
     """Steps of the bank warm-up at ``steps_per_epoch`` (``RunPlan.of``): 0 without one."""
-    return RunPlan.of(config, steps_per_epoch).warmup_steps
+    return RunPlan.of(RunSettings.of(config), steps_per_epoch).warmup_steps
 
 
 def method_arguments(plan):
@@ -125,42 +123,46 @@ def method_arguments(plan):
     return arguments
 
 
-def build_views(config):
+def build_views(data, views_per_image=2):
     """The views ``data.views`` names (``caco_tf.data.augment``), at the configured sizes, with
     ``data.extra_layers`` appended to every view; with ``data.views_on_device``, split between
-    the input pipeline and the train step (``augment.ColourOnDevice``)."""
-    views = _named_views(config)
-    if config["data"]["views_on_device"]:  # the configuration refuses extra layers with it
+    the input pipeline and the train step (``augment.ColourOnDevice``).  ``data``: the run's
+    data settings (``RunSettings.data``); ``views_per_image``: the method's K equal views
+    (``RunSettings.views_per_image``; multi-crop's are its own)."""
+    views = _named_views(data, views_per_image)
+    if data.views_on_device:  # the configuration refuses extra layers with it
         return augment.ColourOnDevice(views)
-    extra = config["data"]["extra_layers"]
-    if not extra:
+    if not data.extra_layers:
         return views
-    views = augment.WithLayers(views, [augment.keras_layer(e) for e in extra])
+    views = augment.WithLayers(views, [augment.keras_layer(e) for e in data.extra_layers])
     recipes = getattr(views, "recipes", None)
-    views.check_shapes(sorted({r.size for r in recipes}) if recipes
-                       else [config["data"]["image_size"]], config["data"]["channels"])
+    views.check_shapes(sorted({r.size for r in recipes}) if recipes else [data.image_size],
+                       data.channels)
     return views
 
 
-def _named_views(config):
-    settings = config["data"]
-    name, size, channels = settings["views"], settings["image_size"], settings["channels"]
-    # The method's crops (``Method.CROPS``): K equal views, or two plus multi-crop's local ones.
-    count = model_class(config["method"]["name"]).view_count(method_settings(config))
+def _named_views(data, count):
+    name, size, channels = data.views, data.image_size, data.channels
     if name == "digits":
         return augment.DigitViews(num_views=count)
     if name in ("asymmetric", "cifar", "imagenet"):  # the last two: the configs' names
-        return augment.AsymmetricViews(size, channels, scale=settings["crop_scale"],
-                                       blur_sigma=settings["blur_sigma"], num_views=count)
+        return augment.AsymmetricViews(size, channels, scale=data.crop_scale,
+                                       blur_sigma=data.blur_sigma, num_views=count)
     if name == "symmetric":
-        return augment.SymmetricViews(size, channels, scale=settings["crop_scale"],
-                                      blur_sigma=settings["blur_sigma"], num_views=count)
+        return augment.SymmetricViews(size, channels, scale=data.crop_scale,
+                                      blur_sigma=data.blur_sigma, num_views=count)
     if name == "multicrop":
-        crops = settings["multicrop"]
+        crops = data.multicrop
         return augment.MultiCropViews(
-            size, crops["local_size"], crops["local_crops"], crops["global_scale"],
-            crops["local_scale"], channels=channels, blur_sigma=settings["blur_sigma"])
+            size, crops.local_size, crops.local_crops, crops.global_scale, crops.local_scale,
+            channels=channels, blur_sigma=data.blur_sigma)
     raise ConfigError(f"data.views must be digits, asymmetric or multicrop, got {name!r}")
+
+
+def run_views(config):
+    """``build_views`` of a whole configuration (a tool that holds no ``RunSettings``)."""
+    settings = RunSettings.of(config)
+    return build_views(settings.data, settings.views_per_image)
 
 
 def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None, views=None):
@@ -172,8 +174,8 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None, views
     probed run's checkpoint, the probe's weights left aside).  ``views``: the run's
     (``build_views``), else built here.
     """
-    return build_planned_model(
-        config, RunPlan.of(config, steps_per_epoch, num_replicas, num_classes), views)
+    return build_planned_model(config, RunPlan.of(RunSettings.of(config), steps_per_epoch,
+                                                  num_replicas, num_classes), views)
 
 
 def build_planned_model(config, plan, views=None):
@@ -201,7 +203,7 @@ def build_planned_model(config, plan, views=None):
         model_config["embedding_dim"], sync_batchnorm=sync, name="projector",
         **plan.method.projector_shape(plan.settings))
     if views is None:  # after the networks: data.extra_layers' layers draw Python's seeds too
-        views = build_views(config)
+        views = run_views(config)
     backbone_inputs = preprocessing(config, views)
     jit_compile = use_xla(train["jit_compile"], plan.replicas)
     model = plan.method(
@@ -276,61 +278,64 @@ def check_sizes(plan, num_images, embedding_dim):
                           f"{plan.total_steps} steps")
 
 
-def check_image_size(config, train):
+def check_image_size(data_settings, train):
     """Refuse, in one line, digit views of images that are not ``data.image_size`` square: the
     digit views keep the images' own size, which the backbone is built for."""
-    size, images = config["data"]["image_size"], getattr(train, "images", None)
-    if config["data"]["views"] == "digits" and images is not None and (
+    size, images = data_settings.image_size, getattr(train, "images", None)
+    if data_settings.views == "digits" and images is not None and (
             tuple(images.shape[1:3]) != (size, size)):
         raise ConfigError(
             f"data.image_size must be the images' own side with data.views digits (they keep "
-            f"it): {config['data']['source']} holds {images.shape[1]}x{images.shape[2]} "
+            f"it): {data_settings.source} holds {images.shape[1]}x{images.shape[2]} "
             f"images, got {size}; set data.image_size {images.shape[1]} or choose colour views")
 
 
-def online_probe_classes(config, train):
-    """The online probe's class count when ``evaluation.online_probe`` is on, else None.
+def online_probe_classes(settings, train):
+    """The online probe's class count when ``evaluation.online_probe`` is on, else None
+    (``settings``: the run's ``RunSettings``).
 
     The probe trains on the training images' labels: an unlabelled source is a ``ConfigError``.
     """
-    if not config["evaluation"]["online_probe"]:
+    if not settings.evaluation.online_probe:
         return None
+    source = settings.data.source
     if not train.has_labels:
         raise ConfigError(f"evaluation.online_probe needs a labelled training source; "
-                          f"{config['data']['source']} has no labels")
+                          f"{source} has no labels")
     classes = data.num_classes(train)
     if classes < 2:
         raise ConfigError(f"evaluation.online_probe needs at least 2 classes in the training "
-                          f"labels of {config['data']['source']}, found {classes}")
+                          f"labels of {source}, found {classes}")
     return classes
 
 
-def health_sample(config, views, train):
+def health_sample(settings, views, train):
     """Batches of ``evaluation.health_images`` un-augmented training images, an even sample:
-    what ``HealthMonitor`` measures the effective ranks on (None when 0)."""
-    count = config["evaluation"]["health_images"]
+    what ``HealthMonitor`` measures the effective ranks on (None when 0); ``settings``: the
+    run's ``RunSettings``."""
+    count = settings.evaluation.health_images
     if not count:
         return None
     every = max(1, len(train) // count)
-    return eval_dataset(config, views, train, every=every).take(
-        -(-count // config["evaluation"]["batch_size"]))
+    return eval_dataset(settings, views, train, every=every).take(
+        -(-count // settings.evaluation.batch_size))
 
 
-def precise_bn(config, views, train):
+def precise_bn(settings, views, train):
     """The ``PreciseBatchNorm`` callback of ``train.precise_bn_images``, or None (0: off)."""
-    count = config["train"]["precise_bn_images"]
+    count = settings.train.precise_bn_images
     if not count:
         return None
     every = max(1, len(train) // count)
-    return callbacks.PreciseBatchNorm(eval_dataset(config, views, train, every=every))
+    return callbacks.PreciseBatchNorm(eval_dataset(settings, views, train, every=every))
 
 
-def eval_dataset(config, views, source, skipped=None, every=1):
+def eval_dataset(settings, views, source, skipped=None, every=1):
     """Normalized image batches of a source (with its labels if any), as evaluation sees
-    them; ``every``: every ``every``-th image only."""
-    return service.eval_dataset(source, config["evaluation"]["batch_size"], views.normalize,
-                                config["data"]["service"], config["data"]["image_size"],
-                                config["data"]["channels"], skipped=skipped, every=every)
+    them; ``every``: every ``every``-th image only; ``settings``: the run's ``RunSettings``."""
+    return service.eval_dataset(source, settings.evaluation.batch_size, views.normalize,
+                                settings.data.service, settings.data.image_size,
+                                settings.data.channels, skipped=skipped, every=every)
 
 
 Run = collections.namedtuple("Run", "directory config model views")
@@ -348,7 +353,7 @@ def load_run(run_dir):
     config = load_config(folder.config, saved=True)  # as written, by this version or before
     if not os.path.exists(weights):
         raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
-    views = build_views(config)
+    views = run_views(config)
     model = build_model(config, steps_per_epoch=1, views=views)
     model.load_weights(weights)
     return Run(run_dir, config, model, views)
@@ -369,7 +374,7 @@ def load_keras_file(path):
         raise ConfigError(f"{path} holds no run configuration (a model not built by "
                           f"caco_tf.build_model); evaluate its backbone from Python instead")
     config = load_config(None, _assignments(upgrade_saved_config(model.run_settings)))
-    return Run(os.path.dirname(os.path.abspath(path)), config, model, build_views(config))
+    return Run(os.path.dirname(os.path.abspath(path)), config, model, run_views(config))
 
 
 def _assignments(tree, prefix=""):

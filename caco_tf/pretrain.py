@@ -15,6 +15,7 @@ from caco_tf import __version__, data
 from caco_tf.build import (build_planned_model, build_views, health_sample, load_data,
                            plan_run, precise_bn)
 from caco_tf.data import service
+from caco_tf.run_settings import RunSettings
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
 from caco_tf.serving import export
 from caco_tf.training import callbacks, decisions, distribute, interrupts, peers, run_folder
@@ -75,15 +76,16 @@ def run(config, run_dir, verbose=1):
 
 def _run(config, folder, strategy, chief, verbose, stack):
     run_dir = folder.path
-    keras.utils.set_random_seed(config["train"]["seed"])
-    train, held_out = load_data(config)
-    plan = plan_run(config, train, strategy.num_replicas_in_sync)
+    settings = RunSettings.of(config)  # the typed sections the builders take, once a run
+    keras.utils.set_random_seed(settings.train.seed)
+    train, held_out = load_data(settings.data)
+    plan = plan_run(settings, train, strategy.num_replicas_in_sync)
     # One views object for the input pipeline, the model and the evaluations; building it
     # checks the views' shapes: before anything is written.
-    views = build_views(config)
-    if config["data"]["service"]:  # servable, and the dispatcher answers
+    views = build_views(settings.data, settings.views_per_image)
+    if settings.data.service:  # servable, and the dispatcher answers
         service.check_servable(train, views)
-        service.check_dispatcher(config["data"]["service"])
+        service.check_dispatcher(settings.data.service)
     if chief:  # the settings and data are sound: take the run folder (held until the end)
         created = not os.path.isdir(run_dir)
         os.makedirs(run_dir, exist_ok=True)
@@ -107,7 +109,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
 
     # What each machine would resolve on its own (precision: auto, XLA) is decided once for
     # the run and kept by its resumes.
-    timeout = config["distribute"]["collective_timeout_seconds"]
+    timeout = settings.distribute.collective_timeout_seconds
     decided, note = decisions.decide(config, strategy, folder.read_decided() if backup else None,
                                      timeout)
     if note:
@@ -130,31 +132,31 @@ def _run(config, folder, strategy, chief, verbose, stack):
     # the place in the epoch's order its checkpoint recorded.  With the online probe the
     # batches carry the labels, which only the probe reads; the views are the same.
     position = data.StreamPosition()
-    if config["data"]["service"]:  # batches made by tf.data service's workers
+    if settings.data.service:  # batches made by tf.data service's workers
         dataset = data.distribute(strategy, lambda context: service.served_pretrain_dataset(
-            train, batch, views, config["data"]["service"], seed=config["data"]["seed"],
-            input_context=context, skipped=skipped, channels=config["data"]["channels"],
+            train, batch, views, settings.data.service, seed=settings.data.seed,
+            input_context=context, skipped=skipped, channels=settings.data.channels,
             with_labels=plan.probe_classes is not None, first_epoch=backup.epoch if backup else 0,
             first_step=backup.step if backup else 0, steps_per_epoch=steps_per_epoch))
     else:
         dataset = data.distribute(strategy, lambda context: data.pretrain_dataset(
-            train, batch, views, seed=config["data"]["seed"], input_context=context,
-            skipped=skipped, image_size=config["data"]["image_size"],
-            channels=config["data"]["channels"], with_labels=plan.probe_classes is not None,
+            train, batch, views, seed=settings.data.seed, input_context=context,
+            skipped=skipped, image_size=settings.data.image_size,
+            channels=settings.data.channels, with_labels=plan.probe_classes is not None,
             first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
             steps_per_epoch=steps_per_epoch, resume_at=backup.positions if backup else None,
             position=position))
     monitor = knn_monitor(config, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
-        health_sample(config, views, train), steps_per_epoch, batch,
-        stop_on_collapse=config["train"]["stop_on_collapse"])
+        health_sample(settings, views, train), steps_per_epoch, batch,
+        stop_on_collapse=settings.train.stop_on_collapse)
     # SIGTERM and SIGINT during training: finish the step, save, stop (after it, during the
     # evaluation and export, they stop the process at once: a re-run redoes only those).
     signals = interrupts.StopSignals()
     resume = callbacks.Resume(folder, writer=chief, changes=changes,
                               restored=write_config if chief and changes else None,
                               steps_per_epoch=steps_per_epoch,
-                              every_minutes=config["train"]["checkpoint_every_minutes"],
+                              every_minutes=settings.train.checkpoint_every_minutes,
                               signals=signals, point=backup, position=position,
                               peer_timeout=timeout, decided=decided)
     loggers = _loggers(folder) if chief else []
@@ -162,13 +164,13 @@ def _run(config, folder, strategy, chief, verbose, stack):
     stuck = peers.watchdog(strategy, timeout)
     try:
         with signals, _lost_peers(strategy, model, stuck), _lost_batches(config):
-            model.fit(dataset, epochs=config["train"]["epochs"],
+            model.fit(dataset, epochs=settings.train.epochs,
                       steps_per_epoch=steps_per_epoch,
                       shuffle=False,  # the dataset shuffles itself, once per epoch
                       verbose=verbose if chief else 0,
                       callbacks=([stuck] if stuck else [])
                       + [callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
-                      + _callbacks(resume, loggers, monitor, precise_bn(config, views, train))
+                      + _callbacks(resume, loggers, monitor, precise_bn(settings, views, train))
                       + [skipped.callback()])
     except Interrupted:
         for logger in loggers:
@@ -183,9 +185,9 @@ def _run(config, folder, strategy, chief, verbose, stack):
                   else model.COLLAPSE_ADVICE)
         raise TrainingStopped(f"the run stopped: {model.unhealthy}; {kept}; {advice}")
     if signals.received:  # during the last epoch's end: its state is saved
-        resume.stop(config["train"]["epochs"], 0)
+        resume.stop(settings.train.epochs, 0)
 
-    results = {"epochs": config["train"]["epochs"],
+    results = {"epochs": settings.train.epochs,
                "replicas": int(strategy.num_replicas_in_sync), "caco_tf": __version__}
     if held_out is not None and train.has_labels:
         with (stuck.watching("the end-of-run kNN evaluation") if stuck
@@ -203,8 +205,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
         backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
         writing = folder.saved_model
         results["saved_model"] = export.export_backbone(
-            backbone, folder.saved_model, config["data"]["image_size"],
-            config["data"]["channels"], views.mean, views.std, embedder=query_encoder)
+            backbone, folder.saved_model, settings.data.image_size,
+            settings.data.channels, views.mean, views.std, embedder=query_encoder)
         writing = folder.results
         write_json_atomically(folder.results, results, indent=1)
     except tf.errors.OpError as error:  # TensorFlow's own writes (the SavedModel's variables)

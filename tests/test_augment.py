@@ -383,11 +383,11 @@ def test_a_keras_layer_appended_to_the_views_in_python_and_in_a_configuration():
 
     config = load_config(None, ["data.extra_layers=[{layer: RandomContrast, factor: 0.3, "
                                 "value_range: [0, 1]}]"])
-    digits = build.build_views(config)
+    digits = build.run_views(config)
     assert isinstance(digits.layers[0], keras.layers.RandomContrast)
     batch = tf.random.uniform([4, 28, 28, 1])
     assert [tuple(v.shape) for v in digits(batch, seed)] == [(4, 28, 28, 1)] * 2
     with pytest.raises(ConfigError, match="data.extra_layers: no layer RandomWobble"):
-        build.build_views(load_config(None, ["data.extra_layers=[{layer: RandomWobble}]"]))
+        build.run_views(load_config(None, ["data.extra_layers=[{layer: RandomWobble}]"]))
     with pytest.raises(ConfigError, match="data.extra_layers must be a list of"):
         load_config(None, ["data.extra_layers=[RandomContrast]"])

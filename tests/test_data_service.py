@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from caco_tf.run_settings import RunSettings
 from caco_tf import data
 from caco_tf.data import augment, service
 from caco_tf.data.sources import folder_source
@@ -261,10 +262,10 @@ def test_a_runs_evaluation_passes_read_through_the_service(cluster, tmp_path, mo
         config = load_config(None, [f"data.source=folder:{root}", "data.image_size=16",
                                     "data.channels=3", "data.views=asymmetric",
                                     "evaluation.batch_size=4", *served])
-        train, held_out = build.load_data(config)
-        views = build.build_views(config)
+        train, held_out = build.load_data(RunSettings.of(config).data)
+        views = build.run_views(config)
         _, test_set = monitor.knn_sets(config, views, train, held_out)
-        sample = build.eval_dataset(config, views, train, every=2)
+        sample = build.eval_dataset(RunSettings.of(config), views, train, every=2)
         passes.append([[(images.numpy(), labels.numpy()) for images, labels in dataset]
                        for dataset in (test_set.make((1, 0), 4), sample)])
     assert len(made) == 2  # both passes of the second configuration were served

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from caco_tf.run_settings import RunSettings
 from caco_tf import build
 from caco_tf.evaluation.monitor import knn_top1
 from caco_tf.cli import evaluate
@@ -41,7 +42,7 @@ def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
     # The same number as train.py's end-of-run kNN (the same function, on its samples).
     run = build.load_run(run_dir)
     with tfds.testing.mock_data(num_examples=EXAMPLES):
-        train, held_out = build.load_data(run.config)
+        train, held_out = build.load_data(RunSettings.of(run.config).data)
         expected = knn_top1(run.model.backbone, run.views, run.config, train, held_out)
     assert result["top1"] == pytest.approx(expected)
     assert result["top5"] >= result["top1"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from caco_tf.run_settings import RunSettings
 from caco_tf.evaluation import knn as evaluation
 from caco_tf.evaluation.monitor import KNNMonitor, knn_monitor
 from caco_tf.nets import backbones
@@ -223,7 +224,7 @@ def test_pretraining_logs_the_knn_monitor(monitored_run):
 
     config, run_dir, _ = monitored_run
     with tfds.testing.mock_data(num_examples=48):
-        monitor = knn_monitor(config, build.build_views(config), *build.load_data(config))
+        monitor = knn_monitor(config, build.run_views(config), *build.load_data(RunSettings.of(config).data))
     assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
     rows = json.load(open(os.path.join(run_dir, "history.json")))
     assert ["knn_top1" in row for row in rows] == [False, True, True]
@@ -243,8 +244,8 @@ def test_pretraining_saves_precise_batchnorm_statistics(monitored_run):
     _, run_dir, _ = monitored_run
     with tfds.testing.mock_data(num_examples=48):
         run = build.load_run(run_dir)
-        train, _ = build.load_data(run.config)
-        every_other = build.eval_dataset(run.config, run.views, train, every=2)
+        train, _ = build.load_data(RunSettings.of(run.config).data)
+        every_other = build.eval_dataset(RunSettings.of(run.config), run.views, train, every=2)
         assert sum(len(images) for images, _ in every_other) == 24
         norms = [layer for layer in run.model.backbone.layers
                  if isinstance(layer, keras.layers.BatchNormalization)]
@@ -281,8 +282,8 @@ def test_pretraining_with_the_online_probe(monitored_run):
     rows = json.load(open(os.path.join(run_dir, "history.json")))
     assert len(rows) == 3 and all(0.0 <= row["probe_top1"] <= 1.0 for row in rows)
     with tfds.testing.mock_data(num_examples=48):
-        train, _ = build.load_data(config)
-        assert build.online_probe_classes(config, train) == 10  # tfds:mnist's ClassLabel
+        train, _ = build.load_data(RunSettings.of(config).data)
+        assert build.online_probe_classes(RunSettings.of(config), train) == 10  # tfds:mnist's ClassLabel
         pretrain.run(config, run_dir, verbose=0)  # resumes from the backup: nothing left to do
     assert json.load(open(os.path.join(run_dir, "history.json"))) == rows
 
@@ -317,4 +318,5 @@ def test_the_online_probe_needs_a_labelled_training_source(tmp_path):
     assert "\n" not in str(error.value)
     assert not (tmp_path / "run").exists()  # refused before anything is written
     config["evaluation"]["online_probe"] = False
-    assert build.online_probe_classes(config, build.load_data(config)[0]) is None
+    settings = RunSettings.of(config)
+    assert build.online_probe_classes(settings, build.load_data(settings.data)[0]) is None

@@ -372,7 +372,7 @@ def test_simsiam_without_its_predictor_collapses_and_the_monitor_names_it(caplog
             "train.epochs=5", "train.jit_compile=false", "train.steps_per_execution=1"])
         keras.utils.set_random_seed(0)
         model = build.build_model(config, steps_per_epoch=16)
-        dataset = data.pretrain_dataset(images, 32, build.build_views(config),
+        dataset = data.pretrain_dataset(images, 32, build.run_views(config),
                                         steps_per_epoch=16)
         guard = callbacks.HealthMonitor(steps_per_epoch=16, batch_size=32)
         model.fit(dataset, epochs=5, steps_per_epoch=16, callbacks=[guard], verbose=0)

@@ -101,10 +101,10 @@ def test_the_setting_is_off_by_default_and_refused_where_it_cannot_apply():
     assert load_config(None)["data"]["views_on_device"] is False
     colour = ["data.views=asymmetric", "data.channels=3", "data.image_size=32"]
     config = load_config(None, colour + ["data.views_on_device=true"])
-    assert isinstance(build.build_views(config), augment.ColourOnDevice)
+    assert isinstance(build.run_views(config), augment.ColourOnDevice)
     assert isinstance(build.build_model(config, steps_per_epoch=1).views_on_device,
                       augment.ColourOnDevice)
-    assert not isinstance(build.build_views(load_config(None, colour)), augment.ColourOnDevice)
+    assert not isinstance(build.run_views(load_config(None, colour)), augment.ColourOnDevice)
     with pytest.raises(ConfigError, match="^data.views_on_device applies to the colour views"):
         load_config(None, ["data.views_on_device=true"])
     with pytest.raises(ConfigError, match="^data.views_on_device cannot run data.extra_layers"):

@@ -9,6 +9,7 @@ import pytest
 from caco_tf import losses
 from caco_tf.config import ConfigError, load_config
 from caco_tf.build import RunPlan, check_sizes
+from caco_tf.run_settings import RunSettings
 from test_methods import fit_once, projections, unit
 from tiny_methods import tiny, views
 
@@ -63,7 +64,8 @@ def test_a_step_takes_the_whitened_views_loss():
 ])
 def test_a_batch_it_cannot_whiten_is_one_line(assignments, message):
     config = load_config(None, ["method.name=w_mse"] + assignments)
-    plan = RunPlan.of(config, steps_per_epoch=4000 // config["train"]["batch_size"])
+    plan = RunPlan.of(RunSettings.of(config),
+                      steps_per_epoch=4000 // config["train"]["batch_size"])
     with pytest.raises(ConfigError, match=message):
         check_sizes(plan, 4000, config["model"]["embedding_dim"])
 
@@ -94,13 +96,13 @@ def test_a_step_of_four_views_takes_every_pair_and_refuses_two():
 
 
 def test_the_views_follow_the_methods_crops():
-    from caco_tf.build import build_views
+    from caco_tf.build import run_views
 
     for name in ("digits", "asymmetric", "symmetric"):
         config = load_config(None, ["method.name=w_mse", "method.w_mse.views=4",
                                     f"data.views={name}"])
-        assert build_views(config).num_views == 4, name
-    assert build_views(load_config(None, ["method.name=byol"])).num_views == 2
+        assert run_views(config).num_views == 4, name
+    assert run_views(load_config(None, ["method.name=byol"])).num_views == 2
     with pytest.raises(ConfigError, match="method.name w_mse takes K equal views "
                                           r"\(method.w_mse.views, default 2\); data.views "
                                           "multicrop works with method.name caco, dino, swav"):

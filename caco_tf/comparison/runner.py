@@ -192,6 +192,7 @@ class Comparison:
         """Every run's configuration loads and its data fit (one line otherwise): before the
         plan is written, not hours into the comparison."""
         from caco_tf.build import load_data, plan_run
+        from caco_tf.run_settings import RunSettings
 
         loaded = {}  # the training images of the trials and of the chosen settings, read once
         for method in self.plan["arguments"]["methods"]:
@@ -199,9 +200,10 @@ class Comparison:
                 for final in (False, True):
                     config = self.config(method, trial, 0, final)
                     try:
+                        settings = RunSettings.of(config)
                         if final not in loaded:
-                            loaded[final] = load_data(config)[0]
-                        plan_run(config, loaded[final])
+                            loaded[final] = load_data(settings.data)[0]
+                        plan_run(settings, loaded[final])
                     except UserError as error:
                         raise type(error)(f"{method}, trial {trial}: {error}") from None
 

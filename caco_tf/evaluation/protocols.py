@@ -18,7 +18,8 @@ import keras
 
 from caco_tf import data
 from caco_tf.data.sources import HELD_OUT_SOURCES, ArraySource
-from caco_tf.build import build_model, build_views, load_data, load_run
+from caco_tf.build import build_model, load_data, load_run, run_views
+from caco_tf.run_settings import RunSettings
 from caco_tf.evaluation import knn as knn_lib
 from caco_tf.evaluation import linear
 from caco_tf.config import DEFAULTS, RULES, ConfigError
@@ -37,7 +38,7 @@ def load_labelled_data(spec, config, held_out_spec=None):
     """
     settings = config["data"]
     if spec is None:
-        train, held_out = load_data(config)
+        train, held_out = load_data(RunSettings.of(config).data)
         spec = settings["source"]
     else:
         train, held_out = data.load_source(spec, channels=settings["channels"],
@@ -73,7 +74,7 @@ def preprocessing_for(config, pixels=False, views=None):
     size, channels = config["data"]["image_size"], config["data"]["channels"]
     if pixels:
         return linear.Preprocessing(size, channels, 0.0, 1.0)
-    views = build_views(config) if views is None else views
+    views = run_views(config) if views is None else views
     return linear.Preprocessing(size, channels, views.mean, views.std)
 
 
