@@ -134,8 +134,8 @@ class Method(keras.Model):
         self.preprocessing = dict(preprocessing) if preprocessing else None
         self.run_settings = run_settings
         self.multi_crop = bool(multi_crop)
-        views = self.CROPS.views  # K, or the name of its setting (a constructor argument)
-        self.views_per_image = views if isinstance(views, int) else int(getattr(self, views))
+        self.views_per_image = int(self.view_count(  # its settings, as given or defaulted
+            {key: getattr(self, key) for key in self.argument_defaults()}))
         self.sync_batchnorm = bool(sync_batchnorm)  # the heads' BatchNorm, as the projector's
         self.warmup_steps = int(warmup_steps)
         if self.warmup_steps and self.WARMUP is None:
