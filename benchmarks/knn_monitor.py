@@ -86,7 +86,7 @@ def measure(train_glob, held_out_glob, unbounded, batch):
             model.backbone, build.eval_dataset(RunSettings.of(config), views, held_out))
         knn.knn_accuracy(train_features, train_labels, test_features, test_labels, 200)
     else:
-        monitor = knn_monitor(config, views, train, held_out)
+        monitor = knn_monitor(RunSettings.of(config), views, train, held_out)
         monitor.set_model(model)
         monitor.measure()
     seconds = time.perf_counter() - start

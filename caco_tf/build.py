@@ -174,55 +174,54 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None, views
     probed run's checkpoint, the probe's weights left aside).  ``views``: the run's
     (``build_views``), else built here.
     """
-    return build_planned_model(config, RunPlan.of(RunSettings.of(config), steps_per_epoch,
-                                                  num_replicas, num_classes), views)
+    settings = RunSettings.of(config)
+    return build_planned_model(
+        settings, RunPlan.of(settings, steps_per_epoch, num_replicas, num_classes), views)
 
 
-def build_planned_model(config, plan, views=None):
-    """``build_model`` on the run's ``RunPlan`` (``plan_run``) and views (else built here).
+def build_planned_model(settings, plan, views=None):
+    """``build_model`` of a run's ``settings`` (``RunSettings``) on its ``RunPlan``
+    (``plan_run``) and views (else built here).
 
     BatchNorm is synchronized over the replicas (as in the reference) unless
     ``model.sync_batchnorm`` says otherwise.
     """
-    model_config, train = config["model"], config["train"]
-    size, channels = config["data"]["image_size"], config["data"]["channels"]
-    sync = model_config["sync_batchnorm"]
-    sync = plan.replicas > 1 if sync is None else sync
-    multi_crop = config["data"]["views"] == "multicrop"
+    model, train, data_settings = settings.model, settings.train, settings.data
+    size, channels = data_settings.image_size, data_settings.channels
+    sync = plan.replicas > 1 if model.sync_batchnorm is None else model.sync_batchnorm
+    multi_crop = data_settings.views == "multicrop"
     # Multi-crop feeds crops of two sizes: the backbone takes any size.
     backbone = backbones.build_backbone(
-        model_config["backbone"], (None, None, channels) if multi_crop else (size, size, channels),
-        sync_batchnorm=sync, widths=model_config["widths"], pool_grid=model_config["pool_grid"],
-        image_size=size, drop_path=model_config["drop_path"],
-        position_embedding=model_config["position_embedding"],
-        frozen_patch_embedding=model_config["frozen_patch_embedding"],
-        hub_arguments=model_config["backbone_arguments"])
+        model.backbone, (None, None, channels) if multi_crop else (size, size, channels),
+        sync_batchnorm=sync, widths=model.widths, pool_grid=model.pool_grid,
+        image_size=size, drop_path=model.drop_path,
+        position_embedding=model.position_embedding,
+        frozen_patch_embedding=model.frozen_patch_embedding,
+        hub_arguments=model.backbone_arguments)
     # The projector's shape is the method's (its reference's), its widths the run's.
     projector = backbones.build_mlp(
-        backbone.output_shape[-1], model_config["projector_hidden"],
-        model_config["embedding_dim"], sync_batchnorm=sync, name="projector",
-        **plan.method.projector_shape(plan.settings))
+        backbone.output_shape[-1], model.projector_hidden, model.embedding_dim,
+        sync_batchnorm=sync, name="projector", **plan.method.projector_shape(plan.settings))
     if views is None:  # after the networks: data.extra_layers' layers draw Python's seeds too
-        views = run_views(config)
-    backbone_inputs = preprocessing(config, views)
-    jit_compile = use_xla(train["jit_compile"], plan.replicas)
-    model = plan.method(
+        views = build_views(data_settings, settings.views_per_image)
+    jit_compile = use_xla(train.jit_compile, plan.replicas)
+    method = plan.method(
         backbone, projector, **method_arguments(plan), warmup_steps=plan.warmup_steps,
         online_probe_classes=plan.probe_classes, multi_crop=multi_crop, sync_batchnorm=sync,
-        preprocessing=backbone_inputs, run_settings=config)
-    if config["data"]["views_on_device"]:  # the batches' views arrive cropped, with their draws
-        model.views_on_device = views
-    model.compile(
+        preprocessing=preprocessing(data_settings, views), run_settings=settings.as_config())
+    if data_settings.views_on_device:  # the batches' views arrive cropped, with their draws
+        method.views_on_device = views
+    method.compile(
         optimizer=optimizers.build_encoder_optimizer(
-            plan.batch_size, plan.total_steps, train["lr_warmup_epochs"] * plan.steps_per_epoch,
-            optimizer=train["optimizer"], learning_rate=train["learning_rate"],
-            weight_decay=train["weight_decay"], momentum=train["momentum"],
-            weight_decay_end=train["weight_decay_end"],
-            decay_biases_and_norms=train["decay_biases_and_norms"],
-            clip_gradient_norm=train["clip_gradient_norm"],
-            final_learning_rate=train["final_learning_rate"]),
-        jit_compile=jit_compile, steps_per_execution=train["steps_per_execution"])
-    return model
+            plan.batch_size, plan.total_steps, train.lr_warmup_epochs * plan.steps_per_epoch,
+            optimizer=train.optimizer, learning_rate=train.learning_rate,
+            weight_decay=train.weight_decay, momentum=train.momentum,
+            weight_decay_end=train.weight_decay_end,
+            decay_biases_and_norms=train.decay_biases_and_norms,
+            clip_gradient_norm=train.clip_gradient_norm,
+            final_learning_rate=train.final_learning_rate),
+        jit_compile=jit_compile, steps_per_execution=train.steps_per_execution)
+    return method
 
 
 def use_xla(jit_compile, num_replicas):
@@ -240,11 +239,12 @@ def use_xla(jit_compile, num_replicas):
     return jit_compile
 
 
-def preprocessing(config, views):
-    """How images reach the backbone (``ContrastiveMethod.preprocessing``): the size,
-    channels and normalization of ``views``, and evaluation's centre crop."""
+def preprocessing(data_settings, views):
+    """How images reach the backbone (``Method.preprocessing``): the size and channels of
+    ``data_settings`` (``RunSettings.data``), the normalization of ``views``, and evaluation's
+    centre crop."""
     as_list = (lambda v: [float(x) for x in v] if isinstance(v, (tuple, list)) else float(v))
-    return {"image_size": config["data"]["image_size"], "channels": config["data"]["channels"],
+    return {"image_size": data_settings.image_size, "channels": data_settings.channels,
             "mean": as_list(views.mean), "std": as_list(views.std),
             "crop_fraction": DEFAULT_CROP_FRACTION}
 

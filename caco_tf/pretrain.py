@@ -60,23 +60,23 @@ def run(config, run_dir, verbose=1):
     the run after a save (``interrupts.Interrupted``); a failed write to the run folder is a
     ``run_folder.WriteError``.
     """
+    settings = RunSettings.of(config)  # the typed sections the builders take, once a run
     # First: a multi-worker strategy must be created before TensorFlow runs any op.
-    strategy = distribute.make_strategy(config["distribute"]["strategy"],
-                                        config["distribute"]["collective_timeout_seconds"])
+    strategy = distribute.make_strategy(settings.distribute.strategy,
+                                        settings.distribute.collective_timeout_seconds)
     chief = distribute.is_chief(strategy)
     folder = RunFolder(run_dir)
     with contextlib.ExitStack() as stack:
         try:
-            return _run(config, folder, strategy, chief, verbose, stack)
+            return _run(config, settings, folder, strategy, chief, verbose, stack)
         except (OSError, RuntimeError) as error:  # the run folder's writes (h5py's too);
             if not is_write_failure(error):     # reads fail as DataError earlier
                 raise
             raise write_error(error, run_dir) from error
 
 
-def _run(config, folder, strategy, chief, verbose, stack):
+def _run(config, settings, folder, strategy, chief, verbose, stack):
     run_dir = folder.path
-    settings = RunSettings.of(config)  # the typed sections the builders take, once a run
     keras.utils.set_random_seed(settings.train.seed)
     train, held_out = load_data(settings.data)
     plan = plan_run(settings, train, strategy.num_replicas_in_sync)
@@ -110,14 +110,14 @@ def _run(config, folder, strategy, chief, verbose, stack):
     # What each machine would resolve on its own (precision: auto, XLA) is decided once for
     # the run and kept by its resumes.
     timeout = settings.distribute.collective_timeout_seconds
-    decided, note = decisions.decide(config, strategy, folder.read_decided() if backup else None,
+    decided, note = decisions.decide(settings.train, strategy, folder.read_decided() if backup else None,
                                      timeout)
     if note:
         print(note, flush=True)
     elif chief and decided["why"]:
         print(f"precision: {decided['precision']} ({decided['why']})", flush=True)
     with _dtype_policy(decided["precision"]), strategy.scope():
-        model = build_planned_model(config, plan, views)
+        model = build_planned_model(settings, plan, views)
     if chief:
         check_space(folder, model)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
@@ -146,7 +146,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
             first_epoch=backup.epoch if backup else 0, first_step=backup.step if backup else 0,
             steps_per_epoch=steps_per_epoch, resume_at=backup.positions if backup else None,
             position=position))
-    monitor = knn_monitor(config, views, train, held_out, strategy)
+    monitor = knn_monitor(settings, views, train, held_out, strategy)
     guard = callbacks.HealthMonitor(
         health_sample(settings, views, train), steps_per_epoch, batch,
         stop_on_collapse=settings.train.stop_on_collapse)
@@ -163,7 +163,7 @@ def _run(config, folder, strategy, chief, verbose, stack):
     # Every wait on a peer is timed, the epoch's end and the evaluations included.
     stuck = peers.watchdog(strategy, timeout)
     try:
-        with signals, _lost_peers(strategy, model, stuck), _lost_batches(config):
+        with signals, _lost_peers(strategy, model, stuck), _lost_batches(settings.data):
             model.fit(dataset, epochs=settings.train.epochs,
                       steps_per_epoch=steps_per_epoch,
                       shuffle=False,  # the dataset shuffles itself, once per epoch
@@ -192,8 +192,8 @@ def _run(config, folder, strategy, chief, verbose, stack):
     if held_out is not None and train.has_labels:
         with (stuck.watching("the end-of-run kNN evaluation") if stuck
               else contextlib.nullcontext()), _lost_peers(strategy, model, stuck), \
-                _lost_batches(config):
-            results["knn_top1"] = knn_top1(model.backbone, views, config, train, held_out,
+                _lost_batches(settings.data):
+            results["knn_top1"] = knn_top1(model.backbone, views, settings, train, held_out,
                                            strategy)
     if not chief:
         return {}
@@ -231,13 +231,13 @@ def _lost_peers(strategy, model, stuck):
 
 
 @contextlib.contextmanager
-def _lost_batches(config):
+def _lost_batches(data_settings):
     """A batch the tf.data service lost (training or an evaluation pass) as one resumable
     ``BatchLost`` line."""
     try:
         yield
     except tf.errors.OpError as error:
-        lost = service.batch_lost(error) if config["data"]["service"] else None
+        lost = service.batch_lost(error) if data_settings.service else None
         if lost is None:
             raise
         raise lost from None

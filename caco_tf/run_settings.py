@@ -61,6 +61,7 @@ class RunSettings:
     train: typing.Any
     evaluation: typing.Any
     distribute: typing.Any
+    name: str                   # the run's name (its folder: runs/<name>)
     method: str                 # method.name
     method_section: str         # its settings are method.<method_section> (CaCo's: ablation rows)
     method_settings: dict       # that section, by key (each method's keys differ)
@@ -72,6 +73,16 @@ class RunSettings:
 
         name = config["method"]["name"]
         own = config_lib.settings_section(name)
-        return cls(**{part: section(config, part) for part in SECTIONS}, method=name,
-                   method_section=own, method_settings=dict(config["method"][own]),
+        return cls(**{part: section(config, part) for part in SECTIONS}, name=config["name"],
+                   method=name, method_section=own, method_settings=dict(config["method"][own]),
                    views_per_image=model_class(name).view_count(config["method"][own]))
+
+    def as_config(self):
+        """The configuration these settings were built from, as a nested dict with only the
+        method section the run reads (``config.in_use``): what a model keeps as its record
+        (``Method.run_settings``, in its ``.keras`` file)."""
+        tree = {"name": self.name}
+        for part in SECTIONS:
+            tree[part] = dataclasses.asdict(getattr(self, part))
+        tree["method"] = {"name": self.method, self.method_section: dict(self.method_settings)}
+        return tree

@@ -262,10 +262,11 @@ def test_a_runs_evaluation_passes_read_through_the_service(cluster, tmp_path, mo
         config = load_config(None, [f"data.source=folder:{root}", "data.image_size=16",
                                     "data.channels=3", "data.views=asymmetric",
                                     "evaluation.batch_size=4", *served])
-        train, held_out = build.load_data(RunSettings.of(config).data)
+        settings = RunSettings.of(config)
+        train, held_out = build.load_data(settings.data)
         views = build.run_views(config)
-        _, test_set = monitor.knn_sets(config, views, train, held_out)
-        sample = build.eval_dataset(RunSettings.of(config), views, train, every=2)
+        _, test_set = monitor.knn_sets(settings, views, train, held_out)
+        sample = build.eval_dataset(settings, views, train, every=2)
         passes.append([[(images.numpy(), labels.numpy()) for images, labels in dataset]
                        for dataset in (test_set.make((1, 0), 4), sample)])
     assert len(made) == 2  # both passes of the second configuration were served
@@ -278,7 +279,7 @@ def test_a_runs_evaluation_passes_read_through_the_service(cluster, tmp_path, mo
     lost = ("data.service: batch 1 never came (0 later ones did): a service worker stopped; "
             "run the same command to resume from the last save")
     with pytest.raises(service.BatchLost, match="^data.service: batch 1 never came"):
-        with pretrain._lost_batches(config):
+        with pretrain._lost_batches(settings.data):
             raise tf.errors.UnknownError(None, None, f"in a pass: {lost} [[{{node x}}]]")
 
 

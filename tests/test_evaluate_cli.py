@@ -42,8 +42,9 @@ def test_knn_uses_the_runs_own_split_and_matches_train_py(run_dir, capsys):
     # The same number as train.py's end-of-run kNN (the same function, on its samples).
     run = build.load_run(run_dir)
     with tfds.testing.mock_data(num_examples=EXAMPLES):
-        train, held_out = build.load_data(RunSettings.of(run.config).data)
-        expected = knn_top1(run.model.backbone, run.views, run.config, train, held_out)
+        settings = RunSettings.of(run.config)
+        train, held_out = build.load_data(settings.data)
+        expected = knn_top1(run.model.backbone, run.views, settings, train, held_out)
     assert result["top1"] == pytest.approx(expected)
     assert result["top5"] >= result["top1"]
     assert out.strip().endswith(f"kNN top-1: {expected:.1f}%")

@@ -1,6 +1,7 @@
 """Weighted kNN against brute-force NumPy, feature extraction, the kNN monitor callback and the
 online linear probe (which must never change the encoder)."""
 
+import dataclasses
 import json
 import os
 
@@ -224,13 +225,15 @@ def test_pretraining_logs_the_knn_monitor(monitored_run):
 
     config, run_dir, _ = monitored_run
     with tfds.testing.mock_data(num_examples=48):
-        monitor = knn_monitor(config, build.run_views(config), *build.load_data(RunSettings.of(config).data))
+        settings = RunSettings.of(config)
+        monitor = knn_monitor(settings, build.run_views(config), *build.load_data(settings.data))
     assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
     rows = json.load(open(os.path.join(run_dir, "history.json")))
     assert ["knn_top1" in row for row in rows] == [False, True, True]
     assert all(0.0 <= row["knn_top1"] <= 100.0 for row in rows[1:])
-    config = dict(config, evaluation=dict(config["evaluation"], knn_monitor_every=0))
-    assert knn_monitor(config, None, None, None) is None
+    off = dataclasses.replace(settings, evaluation=dataclasses.replace(
+        settings.evaluation, knn_monitor_every=0))
+    assert knn_monitor(off, None, None, None) is None
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """train.precision auto: what it picks from the machine's devices and CPU flags."""
 
+import dataclasses
+
 from caco_tf.training import precision
 
 
@@ -26,13 +28,16 @@ def test_one_decision_per_run_from_every_workers_machine():
     with on a resume, and refuses, in one line, XLA on some machines only."""
     import pytest
 
+    from caco_tf.config import load_config
     from caco_tf.errors import ConfigError
+    from caco_tf.run_settings import RunSettings
     from caco_tf.training import decisions
 
-    config = {"train": {"precision": "auto", "jit_compile": False}}
+    train = RunSettings.of(load_config(None, ["train.precision=auto",
+                                              "train.jit_compile=false"])).train
     amx, plain = {"avx512f", "amx_bf16"}, {"avx512f"}
-    choices = {"worker task 0": decisions.local(config, 2, gpus=[], flags=amx),
-               "worker task 1": decisions.local(config, 2, gpus=[], flags=plain)}
+    choices = {"worker task 0": decisions.local(train, 2, gpus=[], flags=amx),
+               "worker task 1": decisions.local(train, 2, gpus=[], flags=plain)}
     decided, notes = decisions.agree(choices, "worker task 0")
     assert decided == {"precision": "mixed_bfloat16", "xla": False, "why":
                        "auto: this CPU has AMX-BF16 units and no GPU is visible"}
@@ -45,9 +50,9 @@ def test_one_decision_per_run_from_every_workers_machine():
     assert notes["worker task 1"].startswith("precision: mixed_bfloat16, the run's (decided "
                                              "when it began); this machine would choose float32")
     # XLA compiles the collectives on the GPU machine only: every worker stops with one line.
-    config["train"]["jit_compile"] = True
-    choices = {"worker task 0": decisions.local(config, 2, gpus=["GPU:0"], flags=plain),
-               "worker task 1": decisions.local(config, 2, gpus=[], flags=plain)}
+    train = dataclasses.replace(train, jit_compile=True)
+    choices = {"worker task 0": decisions.local(train, 2, gpus=["GPU:0"], flags=plain),
+               "worker task 1": decisions.local(train, 2, gpus=[], flags=plain)}
     with pytest.raises(ConfigError) as refused:
         decisions.agree(choices, "worker task 0")
     assert str(refused.value) == (

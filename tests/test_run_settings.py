@@ -35,3 +35,12 @@ def test_the_objects_hold_the_configurations_values_and_are_frozen():
     assert settings.method == "w_mse" and settings.views_per_image == 4
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.data.image_size = 64
+
+
+def test_as_config_is_the_configuration_in_use():
+    from caco_tf.config import in_use
+
+    config = load_config(None, ["method.name=negative", "name=row", "train.epochs=3"])
+    settings = RunSettings.of(config)
+    assert settings.method_section == "caco" and settings.as_config() == in_use(config)
+    assert RunSettings.of(in_use(config)) == settings

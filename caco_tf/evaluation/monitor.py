@@ -53,47 +53,49 @@ class KNNMonitor(keras.callbacks.Callback):
                                    strategy=self.strategy)["top1"]
 
 
-def knn_monitor(config, views, train, held_out, strategy=None):
-    """The run's ``KNNMonitor`` (training labels against the held-out split), or None.
+def knn_monitor(settings, views, train, held_out, strategy=None):
+    """The ``KNNMonitor`` of a run's ``settings`` (``RunSettings``): training labels against
+    the held-out split, or None.
 
     None when ``evaluation.knn_monitor_every`` is 0 or the data has no labelled held-out split.
     It reads ``knn_sets``, which every replica and worker of ``strategy`` share.
     """
-    every = config["evaluation"]["knn_monitor_every"]
+    every = settings.evaluation.knn_monitor_every
     if not every or held_out is None or not train.has_labels:
         return None
-    train_set, test_set = knn_sets(config, views, train, held_out)
-    return KNNMonitor(train_set, test_set, every=every, k=config["evaluation"]["knn_monitor_k"],
-                      temperature=config["evaluation"]["knn_monitor_temperature"],
+    train_set, test_set = knn_sets(settings, views, train, held_out)
+    return KNNMonitor(train_set, test_set, every=every, k=settings.evaluation.knn_monitor_k,
+                      temperature=settings.evaluation.knn_monitor_temperature,
                       strategy=strategy)
 
 
-def knn_sets(config, views, train, held_out, skipped=None):
+def knn_sets(settings, views, train, held_out, skipped=None):
     """``knn.EvalSet``s of the class-balanced samples of ``train`` and ``held_out`` that every
-    kNN of a run reads (``evaluation.knn_train_images``, ``knn_test_images``)."""
-    settings = config["evaluation"]
+    kNN of a run reads (``evaluation.knn_train_images``, ``knn_test_images`` of ``settings``, a
+    ``RunSettings``)."""
+    evaluation, data_settings = settings.evaluation, settings.data
     classes = data.num_classes(train, held_out)
     sets = []
-    for source, count in ((train, settings["knn_train_images"]),
-                          (held_out, settings["knn_test_images"])):
+    for source, count in ((train, evaluation.knn_train_images),
+                          (held_out, evaluation.knn_test_images)):
         chosen = data.balanced_subset(source, count, classes)
 
         def make(shards, batch_size, chosen=chosen):
             return service.eval_dataset(chosen, batch_size, views.normalize,
-                                        config["data"]["service"], config["data"]["image_size"],
-                                        config["data"]["channels"], skipped=skipped,
+                                        data_settings.service, data_settings.image_size,
+                                        data_settings.channels, skipped=skipped,
                                         shards=shards)
-        sets.append(knn.EvalSet(make, len(chosen), settings["batch_size"]))
+        sets.append(knn.EvalSet(make, len(chosen), evaluation.batch_size))
     return tuple(sets)
 
 
-def knn_top1(backbone, views, config, train, held_out, strategy=None):
-    """The held-out weighted kNN top-1 (%) of ``backbone`` per the configuration
-    (``evaluation.knn_k``, ``knn_temperature``) on the samples of ``knn_sets``: the number
+def knn_top1(backbone, views, settings, train, held_out, strategy=None):
+    """The held-out weighted kNN top-1 (%) of ``backbone`` per a run's ``settings``
+    (``RunSettings``: ``evaluation.knn_k``, ``knn_temperature``) on the samples of ``knn_sets``: the number
     ``train.py`` reports at the end of a run."""
     skipped = data.SkippedFiles()
     result = knn.knn_of_backbone(
-        backbone, *knn_sets(config, views, train, held_out, skipped),
-        config["evaluation"]["knn_k"], config["evaluation"]["knn_temperature"], strategy)
+        backbone, *knn_sets(settings, views, train, held_out, skipped),
+        settings.evaluation.knn_k, settings.evaluation.knn_temperature, strategy)
     skipped.report("kNN evaluation")
     return result["top1"]

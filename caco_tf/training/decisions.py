@@ -14,13 +14,14 @@ from caco_tf.errors import ConfigError
 from caco_tf.training import precision
 
 
-def local(config, num_replicas, gpus=None, flags=None):
-    """What this machine would choose: {"precision", "why", "xla"}."""
+def local(train, num_replicas, gpus=None, flags=None):
+    """What this machine would choose for a run's ``train`` settings (``RunSettings.train``):
+    {"precision", "why", "xla"}."""
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
-    policy, why = precision.resolve(config["train"]["precision"], gpus=gpus, flags=flags)
-    xla = bool(config["train"]["jit_compile"]) and not (num_replicas > 1 and not gpus)
+    policy, why = precision.resolve(train.precision, gpus=gpus, flags=flags)
+    xla = bool(train.jit_compile) and not (num_replicas > 1 and not gpus)
     return {"precision": policy, "why": why, "xla": xla}
 
 
@@ -49,14 +50,14 @@ def agree(choices, chief, recorded=None):
     return decided, notes
 
 
-def decide(config, strategy, recorded=None, timeout=None):
-    """The run's decision ({"precision", "why", "xla"}) and this worker's note (or None), the
+def decide(train, strategy, recorded=None, timeout=None):
+    """The run's decision for its ``train`` settings (``RunSettings.train``) ({"precision", "why", "xla"}) and this worker's note (or None), the
     workers' choices exchanged through the coordination service under a multi-worker
     ``strategy`` (waiting up to ``timeout`` seconds for each)."""
     from caco_tf.training import distribute, peers
 
-    own = local(config, strategy.num_replicas_in_sync)
-    if config["train"]["precision"] != "auto":
+    own = local(train, strategy.num_replicas_in_sync)
+    if train.precision != "auto":
         recorded = None  # a precision set by hand is the user's, resumed or not
     if not distribute.is_multi_worker(strategy):
         decided, notes = agree({"this machine": own}, "this machine", recorded)
