@@ -220,6 +220,29 @@ def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
     assert "89.2 [" in open(os.path.join(folder, "report.md")).read()
 
 
+def test_a_page_quotes_the_report_between_its_markers(tmp_path):
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
+                                                  "byol": [85.0, 86.0, 86.5]})
+    comparison.save()
+    folder = report.write(comparison)
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text(f"# Results\n\n## The comparison\n\n{report.BEGIN}\nstale\n{report.END}\n\nkept\n")
+    report.publish(comparison, folder, str(page))
+    text = page.read_text()
+    assert text.startswith("# Results\n\n## The comparison\n\n" + report.BEGIN)
+    assert text.endswith(report.END + "\n\nkept\n") and "stale" not in text
+    quoted = text[text.index(report.BEGIN):]
+    assert "| caco | 1: `train.learning_rate=0.09`" in quoted and "caco above byol" in quoted
+    assert "### What the kNN top-1 can say" in quoted  # one level below the page's section
+    assert "![Each method on the test split" in quoted and "(comparison/accuracy.png)" in quoted
+    assert "Every trial on the validation split" not in quoted  # that stays in the report
+    for name in ("report.md", "accuracy.png", "curves.png", "health.png"):
+        assert (page.parent / "comparison" / name).stat().st_size > 1000
+    report.publish(comparison, folder, str(page))  # rewritten in place, once
+    assert page.read_text() == text
+
+
 # ---------------------------------------------------------------------- the command's errors
 def write_folder(root, classes=3, per_class=40, size=16, labelled=True, seed=0):
     """PNG images of ``classes`` patterns (a bright square at a class's corner on noise)."""

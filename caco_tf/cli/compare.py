@@ -74,6 +74,10 @@ def parse_args(argv):
                         help="print the plan and the time estimate, train nothing")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from what is measured, train nothing")
+    parser.add_argument("--publish", metavar="PAGE.md",
+                        help="also put the report's test-split table, sentences and plots into "
+                             "this Markdown page (between <!-- caco-compare:begin/end -->), "
+                             "the whole report copied beside it in comparison/")
     cli.verbose_argument(parser)
     return parser.parse_args(argv)
 
@@ -166,7 +170,7 @@ def compare(args, argv):
             from caco_tf.config import ConfigError
 
             raise ConfigError(f"{comparison.folder} holds no comparison yet")
-        return write_report(comparison, report)
+        return write_report(comparison, report, args.publish)
     if not tuning.is_chief():  # a worker of a comparison spread over machines
         tuning.wait_for_plan(comparison)
         comparison.start(arguments, "")  # refuses other arguments than the chief's
@@ -178,7 +182,7 @@ def compare(args, argv):
     if args.dry_run:
         return 0
     tuning.search(comparison, say=cli.say)
-    return write_report(comparison, report)
+    return write_report(comparison, report, args.publish)
 
 
 def describe(comparison, seconds):
@@ -204,9 +208,12 @@ def duration(seconds):
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{max(1, round(seconds / 60))} min"
 
 
-def write_report(comparison, report):
+def write_report(comparison, report, page=None):
     folder = report.write(comparison)
     print(f"report: {os.path.join(folder, 'report.md')}")
+    if page:
+        copied = report.publish(comparison, folder, page)
+        print(f"published in {page} (the whole report: {copied})")
     return 0
 
 

@@ -26,6 +26,12 @@ PROTOCOLS = (("knn_top1", "kNN top-1", "results.json", "knn_top1"),
              ("few_label_top1", "few-label linear top-1", runner.FEW_LABEL, "top1"))
 
 
+# The plots of a report with measured seeds: (file, caption).
+PLOTS = (("accuracy.png", "Each method on the test split, 95 % intervals over seeds"),
+         ("curves.png", "Loss and kNN monitor over the epochs (seed 0)"),
+         ("health.png", "Health at the last epoch, each seed a point"))
+
+
 # ---------------------------------------------------------------------- reading
 def measured(comparison, key):
     """{protocol key: figure} of one run, from its run folder (absent: not measured yet)."""
@@ -170,8 +176,9 @@ def document(comparison, plots):
         f"validation images for the trials; the chosen settings then train on "
         f"{images['train']:,} images with seeds 0–{arguments['seeds'] - 1} and are measured "
         f"once per seed on {images['test']:,} test images, which choose nothing. Shared budget: "
-        f"`--config {arguments['config']}` {' '.join(f'`{s}`' for s in arguments['settings'])}"
-        f" ({plan['epochs']} epochs, batch {plan['batch_size']}). Each method had "
+        + " ".join([f"`--config {arguments['config']}`"]
+                   + [f"`{s}`" for s in arguments["settings"]])
+        + f" ({plan['epochs']} epochs, batch {plan['batch_size']}). Each method had "
         f"{arguments['trials']} trial(s) from its search space (below), chosen by validation "
         f"kNN top-1. Figures: mean over seeds [95 % t interval], %."))]
     header = ["method", "chosen trial", "seeds"] + [title for _, title, _, _ in PROTOCOLS] + [
@@ -399,10 +406,59 @@ def write(comparison):
         plot_accuracy(rows, os.path.join(folder, "accuracy.png"))
         plot_curves(comparison, os.path.join(folder, "curves.png"))
         plot_health(rows, os.path.join(folder, "health.png"))
-        plots = [("accuracy.png", "Each method on the test split, 95 % intervals over seeds"),
-                 ("curves.png", "Loss and kNN monitor over the epochs (seed 0)"),
-                 ("health.png", "Health at the last epoch, each seed a point")]
+        plots = list(PLOTS)
     blocks = document(comparison, plots)
     run_folder.write_text_atomically(os.path.join(folder, "report.md"), markdown(blocks))
     run_folder.write_text_atomically(os.path.join(folder, "report.html"), page(blocks, folder))
     return folder
+
+
+# ---------------------------------------------------------------------- publishing
+BEGIN, END = "<!-- caco-compare:begin -->", "<!-- caco-compare:end -->"
+
+
+def publish(comparison, report_folder, page_path):
+    """Put the report's test-split part (the table, what each protocol can say, the plots) into
+    the Markdown page ``page_path`` between ``BEGIN`` and ``END`` (appended when the page has
+    neither), the whole report and its plots copied beside it in ``comparison/``: a page that
+    quotes a comparison is rewritten from it, never typed.  Returns that folder."""
+    import shutil
+
+    folder = os.path.join(os.path.dirname(os.path.abspath(page_path)), "comparison")
+    os.makedirs(folder, exist_ok=True)
+    for name in sorted(os.listdir(report_folder)):
+        if name.endswith((".md", ".png")):
+            shutil.copyfile(os.path.join(report_folder, name), os.path.join(folder, name))
+    blocks = document(comparison, [(name, caption) for name, caption in _plots(report_folder)])
+    start = blocks.index(("h", 2, "The methods on the test split"))
+    end = blocks.index(("h", 2, "Every trial on the validation split"))
+    quoted = []
+    for block in blocks[start + 1:end]:  # the page's section is the h2: one level down
+        if block[0] == "h":
+            block = ("h", block[1] + 1, block[2])
+        elif block[0] == "image":
+            block = ("image", f"comparison/{block[1]}", block[2])
+        quoted.append(block)
+    quoted.append(("p", (
+        f"Written by `caco-compare --out {comparison.folder} --report-only --publish "
+        f"{page_path}` from `{comparison.plan['command']}` "
+        f"({comparison.plan['created'][:10]}); every trial, the search spaces and the command "
+        "of every row: [the whole report](comparison/report.md).")))
+    section = f"{BEGIN}\n{markdown(quoted).rstrip()}\n{END}"
+    try:
+        with open(page_path) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        text = ""
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + section + "\n"
+    run_folder.write_text_atomically(page_path, text)
+    return folder
+
+
+def _plots(report_folder):
+    captions = dict(PLOTS)
+    return [(name, captions[name]) for name, _ in PLOTS
+            if os.path.exists(os.path.join(report_folder, name))]
