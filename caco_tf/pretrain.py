@@ -110,8 +110,8 @@ def _run(config, settings, folder, strategy, chief, verbose, stack):
     # What each machine would resolve on its own (precision: auto, XLA) is decided once for
     # the run and kept by its resumes.
     timeout = settings.distribute.collective_timeout_seconds
-    decided, note = decisions.decide(settings.train, strategy, folder.read_decided() if backup else None,
-                                     timeout)
+    decided, note = decisions.decide(settings.train, strategy,
+                                     folder.read_decided() if backup else None, timeout)
     if note:
         print(note, flush=True)
     elif chief and decided["why"]:

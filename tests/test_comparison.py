@@ -227,7 +227,8 @@ def test_a_page_quotes_the_report_between_its_markers(tmp_path):
     folder = report.write(comparison)
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
-    page.write_text(f"# Results\n\n## The comparison\n\n{report.BEGIN}\nstale\n{report.END}\n\nkept\n")
+    page.write_text(f"# Results\n\n## The comparison\n\n{report.BEGIN}\nstale\n{report.END}"
+                    "\n\nkept\n")
     report.publish(comparison, folder, str(page))
     text = page.read_text()
     assert text.startswith("# Results\n\n## The comparison\n\n" + report.BEGIN)

@@ -91,8 +91,8 @@ def knn_sets(settings, views, train, held_out, skipped=None):
 
 def knn_top1(backbone, views, settings, train, held_out, strategy=None):
     """The held-out weighted kNN top-1 (%) of ``backbone`` per a run's ``settings``
-    (``RunSettings``: ``evaluation.knn_k``, ``knn_temperature``) on the samples of ``knn_sets``: the number
-    ``train.py`` reports at the end of a run."""
+    (``RunSettings``: ``evaluation.knn_k``, ``knn_temperature``) on the samples of
+    ``knn_sets``: the number ``train.py`` reports at the end of a run."""
     skipped = data.SkippedFiles()
     result = knn.knn_of_backbone(
         backbone, *knn_sets(settings, views, train, held_out, skipped),

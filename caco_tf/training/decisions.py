@@ -51,9 +51,10 @@ def agree(choices, chief, recorded=None):
 
 
 def decide(train, strategy, recorded=None, timeout=None):
-    """The run's decision for its ``train`` settings (``RunSettings.train``) ({"precision", "why", "xla"}) and this worker's note (or None), the
-    workers' choices exchanged through the coordination service under a multi-worker
-    ``strategy`` (waiting up to ``timeout`` seconds for each)."""
+    """The run's decision ({"precision", "why", "xla"}) for its ``train`` settings
+    (``RunSettings.train``) and this worker's note (or None), the workers' choices exchanged
+    through the coordination service under a multi-worker ``strategy`` (waiting up to
+    ``timeout`` seconds for each)."""
     from caco_tf.training import distribute, peers
 
     own = local(train, strategy.num_replicas_in_sync)
