@@ -149,21 +149,14 @@ SCREEN = {
     ],
     "vicreg": [([], 95.4)],
 }
-# ResNet-50 on ImageNet, linear top-1 (%), from /work/shared/caco-paper.tex: Tables imagenet200
-# (200 epochs, single crop), imagenet800 (more epochs, single crop) and imagenetmulti (multi-crop).
-PAPER = {
-    "byol": "70.6 (200 ep, b4096); 74.3 (1000 ep)",
-    "simsiam": "70.0 (200 ep, b256); 71.3 (800 ep)",
-    "moco_v3": "74.6 (1000 ep, b4096)",
-    "nnclr": "70.7 (200 ep); 72.9 / 74.9 (800 ep); 75.6 (multi-crop)",
-    "swav": "69.1 (200 ep); 71.8 (800 ep); 75.3 (multi-crop)",
-    "dino": "75.3 (multi-crop, 800 ep)",
-    "barlow_twins": "not in the paper (73.2, its authors')",
-    "vicreg": "not in the paper (73.2, its authors')",
-    "caco": "70.9 / 71.3 / 72.0 (200 ep, b256/1024/4096); 75.3 (800 ep); 75.7 (multi-crop)",
-    "moco_v2": "67.5 (200 ep); 71.1 (800 ep)",
-}
 DEFAULT_EPOCHS = 40  # configs/mnist.yaml's
+
+
+def paper_figure(method):
+    """The paper's ImageNet ResNet-50 linear top-1 of ``method`` (its class's docs row)."""
+    from caco_tf.methods import model_class
+
+    return model_class(method).DOCS_ROW.get("paper", "–")
 
 
 def trials(method, epochs):
@@ -394,7 +387,7 @@ def report(args, cache):
         lines.append(f"| {method} | {chosen} | {', '.join(done) or '–'} | "
                      f"{cell([e.get('knn_top1') for e in seeds])} | "
                      f"{cell([e.get('linear_top1') for e in seeds])} | {health} | "
-                     f"{PAPER[method]} |")
+                     f"{paper_figure(method)} |")
     lines += paired_lines(args, runs, at)
     lines += ["", "The trials on the validation split (seed 0, kNN top-1 %):", ""]
     for method in args.methods:

@@ -235,6 +235,7 @@ def test_a_page_quotes_the_report_between_its_markers(tmp_path):
     assert text.endswith(report.END + "\n\nkept\n") and "stale" not in text
     quoted = text[text.index(report.BEGIN):]
     assert "| caco | 1: `train.learning_rate=0.09`" in quoted and "caco above byol" in quoted
+    assert "| 70.6 (200 ep, b4096); 74.3 (1000 ep) |" in quoted  # BYOL's row: the paper's
     assert "### What the kNN top-1 can say" in quoted  # one level below the page's section
     assert "![Each method on the test split" in quoted and "(comparison/accuracy.png)" in quoted
     assert "Every trial on the validation split" not in quoted  # that stays in the report

@@ -434,7 +434,10 @@ def publish(comparison, report_folder, page_path):
     end = blocks.index(("h", 2, "Every trial on the validation split"))
     quoted = []
     for block in blocks[start + 1:end]:  # the page's section is the h2: one level down
-        if block[0] == "h":
+        if block[0] == "table":  # the published reference beside each row
+            block = ("table", block[1] + [PAPER_COLUMN],
+                     [row + [_paper_figure(row[0])] for row in block[2]])
+        elif block[0] == "h":
             block = ("h", block[1] + 1, block[2])
         elif block[0] == "image":
             block = ("image", f"comparison/{block[1]}", block[2])
@@ -456,6 +459,15 @@ def publish(comparison, report_folder, page_path):
         text = text.rstrip("\n") + ("\n\n" if text else "") + section + "\n"
     run_folder.write_text_atomically(page_path, text)
     return folder
+
+
+PAPER_COLUMN = "the paper: ImageNet ResNet-50 linear top-1 (%)"
+
+
+def _paper_figure(method):
+    from caco_tf.methods import METHODS
+
+    return METHODS[method].DOCS_ROW.get("paper", "–") if method in METHODS else "–"
 
 
 def _plots(report_folder):

@@ -36,6 +36,7 @@ class BYOL(Method):
     WARMUP = BankWarmup
     TEACHER = "momentum"
     HEADS = ("predictor",)
+    DOCS_ROW = dict(Method.DOCS_ROW, paper="70.6 (200 ep, b4096); 74.3 (1000 ep)")
     PROJECTOR = dict(layers_count=2, bias=False)
 
     def build_heads(self):

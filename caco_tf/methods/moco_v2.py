@@ -28,7 +28,8 @@ class MoCoV2(ContrastiveMethod):
         **warmup_settings(epochs=0),
     }
     BANK = True
-    DOCS_ROW = {"state": "queue of keys", "global batch": "–"}
+    DOCS_ROW = {"state": "queue of keys", "global batch": "–",
+                "paper": "67.5 (200 ep); 71.1 (800 ep)"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._moco_loss(query1, query2, key1, key2, bank)

@@ -43,7 +43,8 @@ class MoCoV3(Method):
     WARMUP = BankWarmup
     TEACHER = "momentum"
     HEADS = ("predictor",)
-    DOCS_ROW = {"state": "–", "global batch": "the keys"}
+    DOCS_ROW = {"state": "–", "global batch": "the keys",
+                "paper": "74.6 (1000 ep, b4096)"}
     PROJECTOR = dict(layers_count=2, last_batchnorm="plain")
 
     @classmethod

@@ -32,7 +32,8 @@ class SimSiam(Method):
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     WARMUP = BankWarmup
-    DOCS_ROW = dict(Method.DOCS_ROW, teacher="the stop-gradient student")
+    DOCS_ROW = dict(Method.DOCS_ROW, teacher="the stop-gradient student",
+                    paper="70.0 (200 ep, b256); 71.3 (800 ep)")
     HEADS = ("predictor",)
     PROJECTOR = dict(layers_count=3, last_batchnorm="plain")
     DIAGNOSTICS = ("embedding_std",)

@@ -46,7 +46,8 @@ class SwAV(Method):
     HEADS = ("prototypes",)
     CROPS = Crops(views=2, local=True)
     DOCS_ROW = {"state": "queues (optional)", "global batch": "Sinkhorn's sums",
-                "teacher": "the stop-gradient student"}
+                "teacher": "the stop-gradient student",
+                "paper": "69.1 (200 ep); 71.8 (800 ep); 75.3 (multi-crop)"}
     PROJECTOR = dict(layers_count=2, bias=True)
     COLLAPSE_ADVICE = ("lower method.swav.epsilon (0.03), freeze the prototypes longer "
                        "(method.swav.freeze_prototypes_epochs), start the queue later or shorten "

@@ -37,7 +37,8 @@ class WMSE(Method):
                          "compared (num_samples: 4 for W-MSE 4)"),
     }
     CROPS = Crops(views="views", local=False)
-    DOCS_ROW = {"state": "–", "global batch": "– (a replica's sub-batches are whitened)"}
+    DOCS_ROW = {"state": "–", "global batch": "– (a replica's sub-batches are whitened)",
+                "paper": "not in the paper"}
     PROJECTOR = dict(layers_count=2, bias=True)
 
     @classmethod
