@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,6 +135,20 @@ def test_every_method_gets_the_same_trials_over_the_same_kinds_of_knobs(budget):
     assert trials.draw_trials("byol", budget, 3, 0) != trials.draw_trials("byol", budget, 3, 1)
     with pytest.raises(ValueError, match="at most"):
         trials.draw_trials("byol", budget, 10, 0)
+
+
+def test_the_docs_table_of_search_spaces_is_the_methods_declarations():
+    """docs/compare.md types each method's declared setting and values: they must be the
+    ``Setting(search=...)`` of its class, and every method must have its row."""
+    from caco_tf.methods import METHODS
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "compare.md")) as handle:
+        rows = re.findall(r"^\| `(\w+)` \| `(\w+)`: ([^|]+) \|$", handle.read(), re.M)
+    typed = {name: (key, [float(v) for v in values.split(",")]) for name, key, values in rows}
+    declared = {name: [(key, [float(v) for v in setting.search])
+                       for key, setting in cls.SETTINGS.items() if setting.search]
+                for name, cls in METHODS.items() if cls.SETTINGS_OF is None}
+    assert typed == {name: found[0] for name, found in declared.items() if found}
 
 
 def test_banks_and_queues_are_fitted_to_the_images(budget):
