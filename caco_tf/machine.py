@@ -29,6 +29,24 @@ def cpu_name():
     return name
 
 
+def source_commit():
+    """The git commit of the caco_tf being run (its checkout's HEAD, with "+changes" when its
+    files differ from it), or None for an installed wheel or without git."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True)
+        changed = subprocess.run(["git", "-C", root, "status", "--porcelain", "--",
+                                  "caco_tf"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
+
+
 def machine():
     """The CPU and the cores this process may use."""
     return f"{cpu_name()}, {cpu_count()} cores"

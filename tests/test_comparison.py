@@ -137,6 +137,21 @@ def test_every_method_gets_the_same_trials_over_the_same_kinds_of_knobs(budget):
         trials.draw_trials("byol", budget, 10, 0)
 
 
+def test_a_plan_records_the_commit_it_started_at():
+    """A checkout's HEAD (with "+changes" when caco_tf's files differ), None without git."""
+    import shutil
+
+    from caco_tf.machine import source_commit
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(runner.__file__))))
+    if not (shutil.which("git") and os.path.exists(os.path.join(root, ".git"))):
+        assert source_commit() is None
+        return
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert source_commit() in (head, head + "+changes")
+
+
 def test_the_docs_table_of_search_spaces_is_the_methods_declarations():
     """docs/compare.md types each method's declared setting and values: they must be the
     ``Setting(search=...)`` of its class, and every method must have its row."""
@@ -190,6 +205,7 @@ def fake_comparison(folder, knn):
                       "few_labels": 0, "validation_fraction": 0.2, "test_fraction": 0.2,
                       "linear_epochs": 1},
         "command": "caco-compare --data mnist", "caco_tf": "test", "created": "today",
+        "commit": "0123456789ab",
         "budget_learning_rate": 0.03, "epochs": 1, "batch_size": 16,
         "images": {"tune": 3200, "validation": 800, "train": 4000, "test": 1000},
         "search_spaces": {m: [["train.learning_rate", [0.01, 0.03, 0.09]]] for m in methods},
@@ -223,6 +239,7 @@ def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
     folder = report.write(comparison)
     text = open(os.path.join(folder, "report.md")).read()
     assert "91.0 [88.5, 93.5]" in text  # caco's kNN: mean 91, t interval 91 ± 4.303·1/√3
+    assert "started today at caco-tf commit 0123456789ab with:" in text
     assert "| byol | 1: `train.learning_rate=0.09`" in text  # its better validation trial
     assert "caco above byol" in text
     for name in ("report.html", "accuracy.png", "curves.png", "health.png"):

@@ -171,7 +171,9 @@ def document(comparison, plots):
     blocks = [("h", 1, "Which method for these images?"), ("p", (
         f"Written on {datetime.date.today()} by caco-tf {plan['caco_tf']} on {machine()}, "
         f"{versions()}, from the comparison in `{comparison.folder}`, started "
-        f"{plan['created']} with:")), ("code", plan["command"]), ("p", (
+        f"{plan['created']}"
+        + (f" at caco-tf commit {plan['commit']}" if plan.get("commit") else "")
+        + " with:")), ("code", plan["command"]), ("p", (
         f"Data `{arguments['data']}`: {images['tune']:,} training and {images['validation']:,} "
         f"validation images for the trials; the chosen settings then train on "
         f"{images['train']:,} images with seeds 0–{arguments['seeds'] - 1} and are measured "

@@ -28,6 +28,7 @@ from caco_tf.comparison import trials as trials_lib
 from caco_tf.config import ConfigError, config_path, load_config
 from caco_tf.data import sources
 from caco_tf.errors import UserError
+from caco_tf.machine import source_commit
 from caco_tf.training.run_folder import write_json_atomically
 
 ENTRY = "comparison.json"  # in each run's folder: what was measured of that run
@@ -98,6 +99,7 @@ class Comparison:
                  for m in methods}
         self.plan = {
             "arguments": arguments, "command": command, "caco_tf": __version__,
+            "commit": source_commit(),  # None for an installed wheel
             "created": datetime.datetime.now().isoformat(timespec="seconds"),
             "budget_learning_rate": trials_lib.budget_learning_rate(config),
             "search_spaces": {m: [[k, list(v)] for k, v in trials_lib.search_space(m, config)]
