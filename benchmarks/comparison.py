@@ -152,13 +152,6 @@ SCREEN = {
 DEFAULT_EPOCHS = 40  # configs/mnist.yaml's
 
 
-def paper_figure(method):
-    """The paper's ImageNet ResNet-50 linear top-1 of ``method`` (its class's docs row)."""
-    from caco_tf.methods import model_class
-
-    return model_class(method).DOCS_ROW.get("paper", "–")
-
-
 def trials(method, epochs):
     """The lists of settings tried for ``method`` at this budget."""
     if method in REFERENCES:
@@ -346,6 +339,8 @@ def paired_lines(args, runs, at):
 
 
 def report(args, cache):
+    from caco_tf.methods import paper_figure
+
     runs, epochs, at = cache["runs"], args.epochs, prefix(args.epochs)
     command = "python benchmarks/comparison.py" + (
         "" if epochs == DEFAULT_EPOCHS else f" --epochs {epochs}")

@@ -426,6 +426,8 @@ def publish(comparison, report_folder, page_path):
     quotes a comparison is rewritten from it, never typed.  Returns that folder."""
     import shutil
 
+    from caco_tf.methods import paper_figure
+
     folder = os.path.join(os.path.dirname(os.path.abspath(page_path)), "comparison")
     os.makedirs(folder, exist_ok=True)
     for name in sorted(os.listdir(report_folder)):
@@ -438,7 +440,7 @@ def publish(comparison, report_folder, page_path):
     for block in blocks[start + 1:end]:  # the page's section is the h2: one level down
         if block[0] == "table":  # the published reference beside each row
             block = ("table", block[1] + [PAPER_COLUMN],
-                     [row + [_paper_figure(row[0])] for row in block[2]])
+                     [row + [paper_figure(row[0])] for row in block[2]])
         elif block[0] == "h":
             block = ("h", block[1] + 1, block[2])
         elif block[0] == "image":
@@ -464,12 +466,6 @@ def publish(comparison, report_folder, page_path):
 
 
 PAPER_COLUMN = "the paper: ImageNet ResNet-50 linear top-1 (%)"
-
-
-def _paper_figure(method):
-    from caco_tf.methods import METHODS
-
-    return METHODS[method].DOCS_ROW.get("paper", "–") if method in METHODS else "–"
 
 
 def _plots(report_folder):

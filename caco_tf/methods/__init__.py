@@ -50,6 +50,11 @@ def model_class(method):
     return METHODS[method]
 
 
+def paper_figure(method):
+    """The paper's ImageNet ResNet-50 linear top-1 of ``method`` (its class's ``DOCS_ROW``)."""
+    return METHODS[method].DOCS_ROW.get("paper", "–") if method in METHODS else "–"
+
+
 def docs_table():
     """docs/methods.md's table of the methods, from what each class declares (its lines)."""
     lines = ["| method | class | teacher | heads | state | global-batch quantities | crops | "
@@ -64,7 +69,7 @@ def docs_table():
             f"| `{name}`{reads} | `{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}` | "
             f"{teacher} | {', '.join(_words(h) for h in cls.HEADS) or '–'} | "
             f"{cls.DOCS_ROW['state']} | {cls.DOCS_ROW['global batch']} | "
-            f"{cls.crops_wording()} | {cls.DOCS_ROW.get('paper', '–')} |")
+            f"{cls.crops_wording()} | {paper_figure(name)} |")
     return lines
 
 
@@ -72,4 +77,4 @@ def _words(name):
     return name.replace("_", " ")
 
 
-__all__ = ["METHODS", "Method", "docs_table", "model_class"]
+__all__ = ["METHODS", "Method", "docs_table", "model_class", "paper_figure"]
