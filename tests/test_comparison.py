@@ -232,6 +232,34 @@ def fake_comparison(folder, knn):
     return comparison
 
 
+def test_the_linear_protocols_cost_counts_every_fit_of_its_cross_validation():
+    from caco_tf.evaluation import L2_FOLDS, L2_GRID
+
+    assert (len(L2_GRID), L2_FOLDS) == (5, 5)  # the closed forms below count 25 + 1 fits
+    unit = dict(image_seconds=0.0, fit_seconds=0.0, epoch_seconds=0.0, step_seconds=1.0)
+    # 1,000 images: folds of 200, each fit on 800 rows = 4 batches of 256; the final on 4.
+    assert runner.linear_seconds(unit, 1000, 500, epochs=10) == 25 * 10 * 4 + 10 * 4
+    assert runner.linear_seconds(dict(unit, step_seconds=0.0, fit_seconds=1.0,
+                                      epoch_seconds=0.5, image_seconds=0.01),
+                                 1000, 500, epochs=10) == 26 + 26 * 10 * 0.5 + 15
+
+
+def test_the_estimate_counts_what_is_left_evaluations_included(tmp_path):
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0]})
+    comparison.state = {"calibration": {"caco": {"step_seconds": 0.0, "setup_seconds": 0.0}},
+                        "evaluation": dict(image_seconds=0.0, fit_seconds=0.0,
+                                           epoch_seconds=0.0, step_seconds=1.0)}
+    arguments = comparison.plan["arguments"]
+    assert runner.estimate_seconds(comparison) == 0.0  # every run measured
+    comparison.save_entry("final/caco/seed2", {"knn_top1": 92.0})  # its linear not yet
+    linear = runner.EVALUATION_FACTOR * runner.linear_seconds(
+        comparison.state["evaluation"], 4000, 1000, arguments["linear_epochs"])
+    assert runner.estimate_seconds(comparison) == pytest.approx(linear)
+    comparison.save_entry("final/caco/seed1", {})  # not trained: its training counts too
+    assert runner.estimate_seconds(comparison) == pytest.approx(
+        2 * linear + runner.SECONDS_PER_RUN)
+
+
 def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
     comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
                                                   "byol": [85.0, 86.0, 86.5]})

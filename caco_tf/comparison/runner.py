@@ -439,7 +439,87 @@ def calibrate(comparison, steps=2, say=print):
                             "setup_seconds": setup}
         comparison.save()
         say(f"calibration: {method} {1000 * measured[method]['step_seconds']:.0f} ms a step")
+    if "evaluation" not in comparison.state:
+        config = comparison.config(comparison.plan["arguments"]["methods"][0], 0, 0, False)
+        keras.backend.clear_session()
+        backbone = build_model(config, steps_per_epoch=100).backbone
+        comparison.state["evaluation"] = calibrate_evaluation(
+            backbone, config, comparison.plan["images"]["train"])
+        comparison.save()
+        say(f"calibration: the linear probe "
+            f"{1000 * comparison.state['evaluation']['step_seconds']:.1f} ms a step")
     return measured
+
+
+def calibrate_evaluation(backbone, config, train_images):
+    """The costs of the evaluations on this machine: seconds per image of the frozen
+    backbone's features; of the linear probe's fits (Keras ``fit`` of the head on cached
+    features), seconds per fit, per epoch and per step (timed on as many rows as the fits of
+    ``train_images`` hold, up to 32,768: a step costs more on more rows)."""
+    import keras
+    import tensorflow as tf
+
+    from caco_tf.evaluation import knn, linear
+
+    size, channels = config["data"]["image_size"], config["data"]["channels"]
+    batch = config["evaluation"]["batch_size"]
+    images = tf.data.Dataset.from_tensors(tf.random.normal((batch, size, size, channels)))
+    knn.extract_features(backbone, images, normalize=False)  # traced once, then timed
+    start = time.perf_counter()
+    knn.extract_features(backbone, images.repeat(2), normalize=False)
+    image_seconds = (time.perf_counter() - start) / (2 * batch)
+
+    class EpochTimes(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.seconds = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds.append(time.perf_counter() - self.start)
+
+    dim = int(backbone.output_shape[-1])
+    most = max(2, min(128, math.ceil(train_images / 256)))  # batches of 256 rows
+    rows = np.random.default_rng(0).normal(size=(most * 256, dim)).astype("float32")
+
+    def fit(batches, epochs):
+        """A fit's seconds (with its test) and its typical epoch's, after the first (which
+        traces and compiles), on rows shuffled every epoch as the protocol's are."""
+        head, times = linear.linear_head(dim, 10), EpochTimes()
+        linear.compile_classifier(head, batches * epochs)
+        count = 256 * batches
+        start = time.perf_counter()
+        head.fit(linear.feature_batches(rows[:count], np.arange(count) % 10, 256,
+                                        shuffle_seed=0),
+                 epochs=epochs, verbose=0, callbacks=[times],
+                 shuffle=False)  # the dataset shuffles itself; Keras warns otherwise
+        head.evaluate(linear.feature_batches(rows[:256], np.arange(256) % 10, 256),
+                      verbose=0)  # each fold's test
+        later = sorted(times.seconds[1:])
+        return time.perf_counter() - start, later[len(later) // 2]
+
+    keras.utils.set_random_seed(0)
+    fit(1, 2)  # the process's first fit pays costs no other fit pays
+    total, epoch_and_step = fit(1, 21)  # an epoch's overhead and one step
+    _, epoch_and_steps = fit(most, 4)
+    step = max(0.0, (epoch_and_steps - epoch_and_step) / (most - 1))
+    return {"image_seconds": image_seconds, "fit_seconds": max(0.0, total - 21 * epoch_and_step),
+            "epoch_seconds": max(0.0, epoch_and_step - step), "step_seconds": step}
+
+
+def linear_seconds(costs, train_count, test_count, epochs, batch_size=256):
+    """The linear protocol's cost for ``train_count`` training and ``test_count`` test images:
+    the features of both, then λ's cross-validation (``L2_GRID`` × ``L2_FOLDS`` fits, each on
+    all folds but one) and the final fit (``linear.linear_evaluation``)."""
+    from caco_tf.evaluation import L2_FOLDS, L2_GRID
+
+    held = train_count / L2_FOLDS
+    fits = [train_count - held] * (len(L2_GRID) * L2_FOLDS) + [train_count]
+    steps = sum(epochs * math.ceil(rows / batch_size) for rows in fits)
+    return (costs["image_seconds"] * (train_count + test_count)
+            + len(fits) * costs["fit_seconds"] + len(fits) * epochs * costs["epoch_seconds"]
+            + steps * costs["step_seconds"])
 
 
 def crop_sizes(config):
@@ -449,25 +529,45 @@ def crop_sizes(config):
     return [size, size]
 
 
-# The steps of a run cost more than the calibration's (the input pipeline, the epoch's end, the
-# kNN and the export): a factor, and seconds per run, measured on this project's runs.
+# The steps of a run cost more than the calibration's (the input pipeline, the epoch's end and
+# the export): a factor, and seconds per run, measured on this project's runs.
 OVERHEAD_FACTOR = 1.3
 SECONDS_PER_RUN = 20.0
+# The evaluations cost more than their calibration (loading the run and its images, and fits in
+# a long-lived process): a seed of the shapes comparison took 505 s where three calibrations
+# said 328-336 s.
+EVALUATION_FACTOR = 1.5
 
 
 def estimate_seconds(comparison):
-    """The seconds the runs the state lacks will take, from the calibration."""
+    """The seconds the runs the state lacks will take, from the calibration: the training
+    steps, the kNN at each run's end and, per seed, the linear and few-label evaluations."""
     calibration = comparison.state.get("calibration", {})
-    plan = comparison.plan
+    costs = comparison.state.get("evaluation")
+    plan, images = comparison.plan, comparison.plan["images"]
+    arguments = plan["arguments"]
     total = 0.0
     for key, method, trial, seed, final in comparison.runs():
         if finished(comparison, key, final):
             continue
-        steps = plan["images"]["train" if final else "tune"] // plan["batch_size"] * plan[
-            "epochs"]
+        entry = comparison.entry(key)
+        steps = images["train" if final else "tune"] // plan["batch_size"] * plan["epochs"]
         measured = calibration.get(method, {"step_seconds": 0.0, "setup_seconds": 0.0})
-        total += (steps * measured["step_seconds"] * OVERHEAD_FACTOR
-                  + measured["setup_seconds"] + SECONDS_PER_RUN)
+        if "knn_top1" not in entry:
+            total += (steps * measured["step_seconds"] * OVERHEAD_FACTOR
+                      + measured["setup_seconds"] + SECONDS_PER_RUN)
+            if costs:  # the kNN's features of the run's training and held-out images
+                total += costs["image_seconds"] * (
+                    images["train"] + images["test"] if final
+                    else images["tune"] + images["validation"])
+        if final and costs:
+            epochs = arguments["linear_epochs"]
+            if "linear_top1" not in entry:
+                total += EVALUATION_FACTOR * linear_seconds(costs, images["train"],
+                                                            images["test"], epochs)
+            if arguments["few_labels"] and "few_label_top1" not in entry:
+                total += EVALUATION_FACTOR * linear_seconds(costs, images["few_labels"],
+                                                            images["test"], epochs)
     return total
 
 
