@@ -252,7 +252,7 @@ def test_the_estimate_counts_what_is_left_evaluations_included(tmp_path):
     arguments = comparison.plan["arguments"]
     assert runner.estimate_seconds(comparison) == 0.0  # every run measured
     comparison.save_entry("final/caco/seed2", {"knn_top1": 92.0})  # its linear not yet
-    linear = runner.EVALUATION_FACTOR * runner.linear_seconds(
+    linear = runner.linear_seconds(
         comparison.state["evaluation"], 4000, 1000, arguments["linear_epochs"])
     assert runner.estimate_seconds(comparison) == pytest.approx(linear)
     comparison.save_entry("final/caco/seed1", {})  # not trained: its training counts too

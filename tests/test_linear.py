@@ -193,6 +193,28 @@ def test_cross_validation_scores_every_row_once_and_exposes_an_overstrong_penalt
     assert linear.select_l2(features, labels, 2, grid=(0.0, 1.0), folds=3, **fit) == scores
 
 
+def test_steps_in_one_graph_call_train_the_same_weights(monkeypatch):
+    """Several steps a call (``STEPS_PER_EXECUTION``) run the same steps in the same order:
+    the head's weights and its scores equal one step a call to the bit, a partial last call
+    (5 steps an epoch, 3 a call) included."""
+    features, labels = weak_dense_signal(100, dims=20)
+    fit = dict(epochs=4, batch_size=20, learning_rate=0.1, momentum=0.9, weight_decay=0.0)
+    results = []
+    for steps in (1, 3):
+        monkeypatch.setattr(linear, "STEPS_PER_EXECUTION", steps)
+        keras.utils.set_random_seed(0)
+        head = linear.linear_head(20, 2, l2=0.01)
+        linear._train(head, linear.feature_batches(features, labels, 20, shuffle_seed=0),
+                      len(features), **fit)
+        assert head.steps_per_execution == steps
+        scores = linear._test(head, linear.feature_batches(features, labels, 20))
+        results.append(([w.numpy() for w in head.weights], scores))
+    (weights_one, scores_one), (weights_three, scores_three) = results
+    assert scores_one == scores_three
+    for one, three in zip(weights_one, weights_three, strict=True):
+        np.testing.assert_array_equal(one, three)
+
+
 @pytest.mark.slow
 def test_auto_l2_is_chosen_on_the_training_split_alone():
     train = data.ArraySource(*blob_images(120, 8, seed=0))

@@ -502,7 +502,7 @@ def calibrate_evaluation(backbone, config, train_images):
     keras.utils.set_random_seed(0)
     fit(1, 2)  # the process's first fit pays costs no other fit pays
     total, epoch_and_step = fit(1, 21)  # an epoch's overhead and one step
-    _, epoch_and_steps = fit(most, 4)
+    _, epoch_and_steps = fit(most, 6)
     step = max(0.0, (epoch_and_steps - epoch_and_step) / (most - 1))
     return {"image_seconds": image_seconds, "fit_seconds": max(0.0, total - 21 * epoch_and_step),
             "epoch_seconds": max(0.0, epoch_and_step - step), "step_seconds": step}
@@ -533,10 +533,6 @@ def crop_sizes(config):
 # the export): a factor, and seconds per run, measured on this project's runs.
 OVERHEAD_FACTOR = 1.3
 SECONDS_PER_RUN = 20.0
-# The evaluations cost more than their calibration (loading the run and its images, and fits in
-# a long-lived process): a seed of the shapes comparison took 505 s where three calibrations
-# said 328-336 s.
-EVALUATION_FACTOR = 1.5
 
 
 def estimate_seconds(comparison):
@@ -563,11 +559,9 @@ def estimate_seconds(comparison):
         if final and costs:
             epochs = arguments["linear_epochs"]
             if "linear_top1" not in entry:
-                total += EVALUATION_FACTOR * linear_seconds(costs, images["train"],
-                                                            images["test"], epochs)
+                total += linear_seconds(costs, images["train"], images["test"], epochs)
             if arguments["few_labels"] and "few_label_top1" not in entry:
-                total += EVALUATION_FACTOR * linear_seconds(costs, images["few_labels"],
-                                                            images["test"], epochs)
+                total += linear_seconds(costs, images["few_labels"], images["test"], epochs)
     return total
 
 
