@@ -454,8 +454,8 @@ def calibrate(comparison, steps=2, say=print):
 def calibrate_evaluation(backbone, config, train_images):
     """The costs of the evaluations on this machine: seconds per image of the frozen
     backbone's features; of the linear probe's fits (Keras ``fit`` of the head on cached
-    features), seconds per fit, per epoch and per step (timed on as many rows as the fits of
-    ``train_images`` hold, up to 32,768: a step costs more on more rows)."""
+    features), seconds per fit, per epoch and per step (the steps timed on as many rows as the
+    fits of ``train_images`` shuffle, up to 32,768)."""
     import keras
     import tensorflow as tf
 
