@@ -451,6 +451,10 @@ def calibrate(comparison, steps=2, say=print):
     return measured
 
 
+# The probes' batch: linear_evaluation's default, which the comparison's probes run with.
+PROBE_BATCH_SIZE = 256
+
+
 def calibrate_evaluation(backbone, config, train_images):
     """The costs of the evaluations on this machine: seconds per image of the frozen
     backbone's features; of the linear probe's fits (Keras ``fit`` of the head on cached
@@ -479,22 +483,22 @@ def calibrate_evaluation(backbone, config, train_images):
         def on_epoch_end(self, epoch, logs=None):
             self.seconds.append(time.perf_counter() - self.start)
 
-    dim = int(backbone.output_shape[-1])
-    most = max(2, min(128, math.ceil(train_images / 256)))  # batches of 256 rows
-    rows = np.random.default_rng(0).normal(size=(most * 256, dim)).astype("float32")
+    dim, batch = int(backbone.output_shape[-1]), PROBE_BATCH_SIZE
+    most = max(2, min(128, math.ceil(train_images / batch)))  # batches of the probe's size
+    rows = np.random.default_rng(0).normal(size=(most * batch, dim)).astype("float32")
 
     def fit(batches, epochs):
         """A fit's seconds (with its test) and its typical epoch's, after the first (which
         traces and compiles), on rows shuffled every epoch as the protocol's are."""
         head, times = linear.linear_head(dim, 10), EpochTimes()
         linear.compile_classifier(head, batches * epochs)
-        count = 256 * batches
+        count = batch * batches
         start = time.perf_counter()
-        head.fit(linear.feature_batches(rows[:count], np.arange(count) % 10, 256,
+        head.fit(linear.feature_batches(rows[:count], np.arange(count) % 10, batch,
                                         shuffle_seed=0),
                  epochs=epochs, verbose=0, callbacks=[times],
                  shuffle=False)  # the dataset shuffles itself; Keras warns otherwise
-        head.evaluate(linear.feature_batches(rows[:256], np.arange(256) % 10, 256),
+        head.evaluate(linear.feature_batches(rows[:batch], np.arange(batch) % 10, batch),
                       verbose=0)  # each fold's test
         later = sorted(times.seconds[1:])
         return time.perf_counter() - start, later[len(later) // 2]
@@ -508,12 +512,13 @@ def calibrate_evaluation(backbone, config, train_images):
             "epoch_seconds": max(0.0, epoch_and_step - step), "step_seconds": step}
 
 
-def linear_seconds(costs, train_count, test_count, epochs, batch_size=256):
+def linear_seconds(costs, train_count, test_count, epochs, batch_size=None):
     """The linear protocol's cost for ``train_count`` training and ``test_count`` test images:
     the features of both, then λ's cross-validation (``L2_GRID`` × ``L2_FOLDS`` fits, each on
     all folds but one) and the final fit (``linear.linear_evaluation``)."""
     from caco_tf.evaluation import L2_FOLDS, L2_GRID
 
+    batch_size = batch_size or PROBE_BATCH_SIZE
     held = train_count / L2_FOLDS
     fits = [train_count - held] * (len(L2_GRID) * L2_FOLDS) + [train_count]
     steps = sum(epochs * math.ceil(rows / batch_size) for rows in fits)
@@ -544,9 +549,9 @@ def estimate_seconds(comparison):
     arguments = plan["arguments"]
     total = 0.0
     for key, method, trial, seed, final in comparison.runs():
-        if finished(comparison, key, final):
+        entry = comparison.entry(key)  # read once: finished() and the sums below use it
+        if finished(comparison, key, final, entry):
             continue
-        entry = comparison.entry(key)
         steps = images["train" if final else "tune"] // plan["batch_size"] * plan["epochs"]
         measured = calibration.get(method, {"step_seconds": 0.0, "setup_seconds": 0.0})
         if "knn_top1" not in entry:
