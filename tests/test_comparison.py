@@ -17,6 +17,7 @@ from caco_tf.cli import compare as compare_cli
 from caco_tf.comparison import report, runner, splits, trials
 from caco_tf.config import load_config
 from caco_tf.data import sources
+from caco_tf.machine import machine
 from caco_tf.methods import METHODS
 
 import launch
@@ -221,7 +222,8 @@ def fake_comparison(folder, knn):
         for seed, figure in enumerate(values):
             key = comparison.final_key(method, seed)
             comparison.save_entry(key, {"knn_top1": figure, "linear_top1": 0.0,
-                                        "command": "cmd"})
+                                        "command": "cmd", "machines": ["CPU A, 2 cores"] + (
+                                            ["CPU B, 2 cores"] if seed == 2 else [])})
             for file, value in (("results.json", {"knn_top1": figure}),
                                 (runner.LINEAR, {"top1": figure + 1}),
                                 ("history.json", [{"epoch": 1, "loss": 2.0,
@@ -268,6 +270,7 @@ def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
     text = open(os.path.join(folder, "report.md")).read()
     assert "91.0 [88.5, 93.5]" in text  # caco's kNN: mean 91, t interval 91 ± 4.303·1/√3
     assert "started today at caco-tf commit 0123456789ab with:" in text
+    assert "Runs measured on CPU A, 2 cores (6 runs); CPU B, 2 cores (2 runs)" in text
     assert "| byol | 1: `train.learning_rate=0.09`" in text  # its better validation trial
     assert "caco above byol" in text
     for name in ("report.html", "accuracy.png", "curves.png", "health.png"):
@@ -280,7 +283,7 @@ def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
     assert "89.2 [" in open(os.path.join(folder, "report.md")).read()
 
 
-def test_a_page_quotes_the_report_between_its_markers(tmp_path):
+def test_a_page_quotes_the_report_between_its_markers(tmp_path, monkeypatch):
     comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
                                                   "byol": [85.0, 86.0, 86.5]})
     comparison.save()
@@ -303,6 +306,10 @@ def test_a_page_quotes_the_report_between_its_markers(tmp_path):
         assert (page.parent / "comparison" / name).stat().st_size > 1000
     report.publish(comparison, folder, str(page))  # rewritten in place, once
     assert page.read_text() == text
+    # The paper's column is what each method declares, not a copy typed into the report.
+    monkeypatch.setitem(METHODS["byol"].DOCS_ROW, "paper", "99.9 (a declared figure)")
+    report.publish(comparison, folder, str(page))
+    assert "| 99.9 (a declared figure) |" in page.read_text()
 
 
 # ---------------------------------------------------------------------- the command's errors
@@ -439,6 +446,7 @@ def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(t
     assert [row["epoch"] for row in history] == [1, 2]
     assert sorted(state) == ["final/caco/seed0", "tune/caco/trial0", "tune/caco/trial1"]
     assert all("knn_top1" in entry for entry in state.values())
+    assert all(entry["machines"] == [machine()] for entry in state.values())  # where measured
     finals = [e for k, e in state.items() if k.startswith("final/")]
     assert all("linear_top1" in e and "few_label_top1" in e for e in finals)
     text = (out / "report" / "report.md").read_text()

@@ -47,6 +47,15 @@ def measured(comparison, key):
     return figures
 
 
+def measured_on(comparison):
+    """{machine: number of runs} over the runs with a measurement, from their entries."""
+    counts = {}
+    for key, *_ in comparison.runs():
+        for name in comparison.entry(key).get("machines", []):
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def history(comparison, key):
     return run_folder.read_history(run_folder.RunFolder(comparison.run_dir(key)).history)
 
@@ -173,7 +182,13 @@ def document(comparison, plots):
         f"{versions()}, from the comparison in `{comparison.folder}`, started "
         f"{plan['created']}"
         + (f" at caco-tf commit {plan['commit']}" if plan.get("commit") else "")
-        + " with:")), ("code", plan["command"]), ("p", (
+        + " with:")), ("code", plan["command"])]
+    where = measured_on(comparison)
+    if where:
+        blocks.append(("p", "Runs measured on " + "; ".join(
+            f"{name} ({count} run{'s' if count > 1 else ''})" for name, count in where.items())
+            + " (a seeded run repeats bit for bit on one CPU model only)."))
+    blocks += [("p", (
         f"Data `{arguments['data']}`: {images['tune']:,} training and {images['validation']:,} "
         f"validation images for the trials; the chosen settings then train on "
         f"{images['train']:,} images with seeds 0–{arguments['seeds'] - 1} and are measured "

@@ -319,12 +319,24 @@ def train(comparison, key, method, trial, seed, final):
         entry["train_seconds"] = round(entry.get("train_seconds", 0)
                                        + time.time() - start, 1)
         entry["collapse_warned"] = entry.get("collapse_warned", False) or bool(warnings)
+        note_machine(entry)
         comparison.save_entry(key, entry)  # an interrupted attempt's seconds count too
     if results is not None:
         entry["knn_top1"] = results["knn_top1"]
         entry.update(health(run_dir))
         comparison.save_entry(key, entry)
     return entry
+
+
+def note_machine(entry):
+    """Add this machine to the run's ``machines``: a run resumed elsewhere names them all, so
+    a comparison spread over machines (or sessions) says where each figure was measured."""
+    from caco_tf.machine import machine
+
+    here = machine()
+    machines = entry.setdefault("machines", [])
+    if here not in machines:
+        machines.append(here)
 
 
 def health(run_dir):
@@ -349,6 +361,7 @@ def evaluate(comparison, key):
         return entry
     arguments, run_dir = comparison.plan["arguments"], comparison.run_dir(key)
     linear = dict(epochs=arguments["linear_epochs"], verbose=0, seed=entry["seed"])
+    note_machine(entry)
     if "linear_top1" not in entry:
         result = protocols.evaluate("linear", run=run_dir, **linear)
         write_json_atomically(os.path.join(run_dir, LINEAR), result, indent=1)

@@ -64,8 +64,8 @@ class CaCo(ContrastiveMethod):
     LEARNS_BANK = True
     CROPS = Crops(views=2, local=True)
     DOCS_ROW = {"state": "bank (trained)", "global batch": "the bank's gradient",
-                "paper": "70.9 / 71.3 / 72.0 (200 ep, b256/1024/4096); 75.3 (800 ep); "
-                         "75.7 (multi-crop)"}
+                "paper": "70.9 / 71.3 / 72.0 (200 ep, b256/1024/4096); 74.1 / 75.3 "
+                         "(800 ep, b1024/4096); 75.7 (multi-crop, b2048)"}
     EXACT_GRADIENT = True
     COLLAPSE_ADVICE = ("lengthen the warm-up (method.caco.warmup_epochs, "
                        "method.caco.warmup_min_steps) so that the key encoder follows before the "

@@ -39,7 +39,8 @@ class NNCLR(Method):
     WARMUP = BankWarmup
     HEADS = ("predictor",)
     DOCS_ROW = {"state": "support set", "global batch": "the predictions, the queue's writes",
-                "paper": "70.7 (200 ep); 72.9 / 74.9 (800 ep); 75.6 (multi-crop)"}
+                "paper": "70.7 (200 ep, b4096); 72.9 / 74.9 (800 ep, b1024/4096); "
+                         "75.6 (multi-crop)"}
     PROJECTOR = dict(layers_count=3, last_batchnorm="affine")
 
     def build_heads(self):

@@ -26,7 +26,8 @@ class SimCLR(ContrastiveMethod):
         **warmup_settings(epochs=0, own_bank=False, own_keys=False),
     }
     TEACHER = None
-    DOCS_ROW = {"state": "–", "global batch": "NT-Xent's negatives"}
+    DOCS_ROW = {"state": "–", "global batch": "NT-Xent's negatives",
+                "paper": "61.9 (200 ep, b256); 69.3 (800 ep, b4096)"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         embeddings = tf.concat([query1, query2], axis=0)
