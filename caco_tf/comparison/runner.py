@@ -28,7 +28,7 @@ from caco_tf.comparison import trials as trials_lib
 from caco_tf.config import ConfigError, config_path, load_config
 from caco_tf.data import sources
 from caco_tf.errors import UserError
-from caco_tf.machine import source_commit
+from caco_tf.machine import machine, source_commit
 from caco_tf.training.run_folder import write_json_atomically
 
 ENTRY = "comparison.json"  # in each run's folder: what was measured of that run
@@ -331,8 +331,6 @@ def train(comparison, key, method, trial, seed, final):
 def note_machine(entry):
     """Add this machine to the run's ``machines``: a run resumed elsewhere names them all, so
     a comparison spread over machines (or sessions) says where each figure was measured."""
-    from caco_tf.machine import machine
-
     here = machine()
     machines = entry.setdefault("machines", [])
     if here not in machines:
