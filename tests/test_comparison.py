@@ -281,6 +281,12 @@ def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
         json.dump({"knn_top1": 95.0}, f)
     report.write(comparison)
     assert "89.2 [" in open(os.path.join(folder, "report.md")).read()
+    assert "Not finished" not in open(os.path.join(folder, "report.md")).read()
+    # A seed not measured yet: the report says first that the comparison goes on.
+    comparison.save_entry("final/byol/seed2", {"knn_top1": 86.5})  # its linear probe to come
+    report.write(comparison)
+    assert "**Not finished**: 5 of 6 final runs measured;" in open(
+        os.path.join(folder, "report.md")).read()
 
 
 def test_a_page_quotes_the_report_between_its_markers(tmp_path, monkeypatch):
@@ -292,8 +298,11 @@ def test_a_page_quotes_the_report_between_its_markers(tmp_path, monkeypatch):
     page.parent.mkdir()
     page.write_text(f"# Results\n\n## The comparison\n\n{report.BEGIN}\nstale\n{report.END}"
                     "\n\nkept\n")
-    report.publish(comparison, folder, str(page))
+    monkeypatch.chdir(tmp_path)  # the command it names, as typed from here
+    report.publish(comparison, folder, "docs/results.md")
     text = page.read_text()
+    assert ("Written by `caco-compare --out c --report-only --publish docs/results.md` from "
+            "`caco-compare --data mnist` (today);") in text
     assert text.startswith("# Results\n\n## The comparison\n\n" + report.BEGIN)
     assert text.endswith(report.END + "\n\nkept\n") and "stale" not in text
     quoted = text[text.index(report.BEGIN):]
@@ -310,6 +319,27 @@ def test_a_page_quotes_the_report_between_its_markers(tmp_path, monkeypatch):
     monkeypatch.setitem(METHODS["byol"].DOCS_ROW, "paper", "99.9 (a declared figure)")
     report.publish(comparison, folder, str(page))
     assert "| 99.9 (a declared figure) |" in page.read_text()
+
+
+def test_the_published_comparison_is_what_its_tracked_measurements_give(monkeypatch):
+    """docs/results.md's section is the report of benchmarks/shapes_comparison, as
+    ``caco-compare --out benchmarks/shapes_comparison --report-only --publish docs/results.md``
+    writes it: a measurement, a method's declared paper figure or the report's wording changed
+    without publishing again fails here."""
+    monkeypatch.chdir(ROOT)  # the command is typed at the repository's root
+    comparison = runner.Comparison(os.path.join("benchmarks", "shapes_comparison"))
+    assert comparison.plan is not None and comparison.plan["command"] == "caco-compare"
+    rows = report.table_rows(comparison)
+    expected = report.section(comparison, report.plots_for(rows),
+                              os.path.join("docs", "results.md"))
+    with open(os.path.join(ROOT, "docs", "results.md")) as handle:
+        text = handle.read()
+    published = text[text.index(report.BEGIN):text.index(report.END) + len(report.END)]
+    assert published == expected, (
+        "docs/results.md's comparison differs from its measurements: run caco-compare --out "
+        "benchmarks/shapes_comparison --report-only --publish docs/results.md")
+    for image in re.findall(r"\]\((comparison/[^)]+)\)", published):
+        assert os.path.exists(os.path.join(ROOT, "docs", image)), image
 
 
 # ---------------------------------------------------------------------- the command's errors

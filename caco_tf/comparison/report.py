@@ -179,7 +179,7 @@ def document(comparison, plots):
     images = plan["images"]
     blocks = [("h", 1, "Which method for these images?"), ("p", (
         f"Written on {datetime.date.today()} by caco-tf {plan['caco_tf']} on {machine()}, "
-        f"{versions()}, from the comparison in `{comparison.folder}`, started "
+        f"{versions()}, from the comparison in `{shown(comparison.folder)}`, started "
         f"{plan['created']}"
         + (f" at caco-tf commit {plan['commit']}" if plan.get("commit") else "")
         + " with:")), ("code", plan["command"])]
@@ -218,7 +218,15 @@ def document(comparison, plots):
             seeds += f" ({row['failed']} stopped itself)"
         body.append([method, chosen, seeds]
                     + cells + [health_cell])
-    blocks += [("h", 2, "The methods on the test split"), ("table", header, body)]
+    blocks += [("h", 2, "The methods on the test split")]
+    finals = [key for key, *_, final in comparison.runs() if final]
+    ended = sum(runner.finished(comparison, key, final=True) for key in finals)
+    if ended < len(finals):  # a report of a comparison that goes on says so first
+        blocks.append(("p", (
+            f"**Not finished**: {ended} of {len(finals)} final runs measured; the same "
+            f"command continues the comparison, and the report is rewritten from its run "
+            f"folders.")))
+    blocks.append(("table", header, body))
     for key, title, _, _ in PROTOCOLS:
         said = sentences(rows, key, title)
         if said:
@@ -413,17 +421,21 @@ def plot_health(rows, path):
     figure.savefig(path)
 
 
+def plots_for(rows):
+    """The plots of a report whose table is ``rows``: none before a seed is measured."""
+    return list(PLOTS) if any(row["seeds"] for row in rows.values()) else []
+
+
 def write(comparison):
     """Write the report into ``OUT/report``; returns that folder."""
     folder = os.path.join(comparison.folder, "report")
     os.makedirs(folder, exist_ok=True)
     rows = table_rows(comparison)
-    plots = []
-    if any(row["seeds"] for row in rows.values()):
+    plots = plots_for(rows)
+    if plots:
         plot_accuracy(rows, os.path.join(folder, "accuracy.png"))
         plot_curves(comparison, os.path.join(folder, "curves.png"))
         plot_health(rows, os.path.join(folder, "health.png"))
-        plots = list(PLOTS)
     blocks = document(comparison, plots)
     run_folder.write_text_atomically(os.path.join(folder, "report.md"), markdown(blocks))
     run_folder.write_text_atomically(os.path.join(folder, "report.html"), page(blocks, folder))
@@ -435,20 +447,39 @@ BEGIN, END = "<!-- caco-compare:begin -->", "<!-- caco-compare:end -->"
 
 
 def publish(comparison, report_folder, page_path):
-    """Put the report's test-split part (the table, what each protocol can say, the plots) into
-    the Markdown page ``page_path`` between ``BEGIN`` and ``END`` (appended when the page has
-    neither), the whole report and its plots copied beside it in ``comparison/``: a page that
-    quotes a comparison is rewritten from it, never typed.  Returns that folder."""
+    """Put the report's test-split part (``section``) into the Markdown page ``page_path``
+    between ``BEGIN`` and ``END`` (appended when the page has neither), the whole report and its
+    plots copied beside it in ``comparison/``: a page that quotes a comparison is rewritten from
+    it, never typed.  Returns that folder."""
     import shutil
-
-    from caco_tf.methods import paper_figure
 
     folder = os.path.join(os.path.dirname(os.path.abspath(page_path)), "comparison")
     os.makedirs(folder, exist_ok=True)
     for name in sorted(os.listdir(report_folder)):
         if name.endswith((".md", ".png")):
             shutil.copyfile(os.path.join(report_folder, name), os.path.join(folder, name))
-    blocks = document(comparison, [(name, caption) for name, caption in _plots(report_folder)])
+    text = section(comparison, plots_for(table_rows(comparison)), page_path)
+    try:
+        with open(page_path) as handle:
+            page_text = handle.read()
+    except FileNotFoundError:
+        page_text = ""
+    if BEGIN in page_text and END in page_text:
+        page_text = (page_text[:page_text.index(BEGIN)] + text
+                     + page_text[page_text.index(END) + len(END):])
+    else:
+        page_text = page_text.rstrip("\n") + ("\n\n" if page_text else "") + text + "\n"
+    run_folder.write_text_atomically(page_path, page_text)
+    return folder
+
+
+def section(comparison, plots, page_path):
+    """The page's quote of the report, ``BEGIN`` to ``END``: the test-split part (the table with
+    the paper's figure beside each row, what each protocol can say, ``plots`` as
+    [(file, caption)]), one heading level down, and the command that wrote it."""
+    from caco_tf.methods import paper_figure
+
+    blocks = document(comparison, plots)
     start = blocks.index(("h", 2, "The methods on the test split"))
     end = blocks.index(("h", 2, "Every trial on the validation split"))
     quoted = []
@@ -462,28 +493,18 @@ def publish(comparison, report_folder, page_path):
             block = ("image", f"comparison/{block[1]}", block[2])
         quoted.append(block)
     quoted.append(("p", (
-        f"Written by `caco-compare --out {comparison.folder} --report-only --publish "
-        f"{page_path}` from `{comparison.plan['command']}` "
+        f"Written by `caco-compare --out {shown(comparison.folder)} --report-only --publish "
+        f"{shown(page_path)}` from `{comparison.plan['command']}` "
         f"({comparison.plan['created'][:10]}); every trial, the search spaces and the command "
         "of every row: [the whole report](comparison/report.md).")))
-    section = f"{BEGIN}\n{markdown(quoted).rstrip()}\n{END}"
-    try:
-        with open(page_path) as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        text = ""
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + section + "\n"
-    run_folder.write_text_atomically(page_path, text)
-    return folder
+    return f"{BEGIN}\n{markdown(quoted).rstrip()}\n{END}"
+
+
+def shown(path):
+    """``path`` as a command typed here would name it: relative below the working directory
+    (a page written from a repository's root names its folders the same on every machine)."""
+    relative = os.path.relpath(os.path.abspath(path))
+    return relative if not relative.startswith("..") else os.path.abspath(path)
 
 
 PAPER_COLUMN = "the paper: ImageNet ResNet-50 linear top-1 (%)"
-
-
-def _plots(report_folder):
-    captions = dict(PLOTS)
-    return [(name, captions[name]) for name, _ in PLOTS
-            if os.path.exists(os.path.join(report_folder, name))]
