@@ -289,6 +289,24 @@ def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
         os.path.join(folder, "report.md")).read()
 
 
+def test_the_report_sets_each_method_against_the_raw_pixels_by_its_interval(tmp_path):
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
+                                                  "byol": [85.0, 86.0, 86.5],
+                                                  "dino": [80.0, 90.0, 95.0]})
+    assert runner.baselines(comparison) == {}  # none measured: the report says nothing of them
+    assert "Without pre-training" not in open(
+        os.path.join(report.write(comparison), "report.md")).read()
+    os.makedirs(os.path.join(comparison.folder, "baselines"))
+    for name, figure in (("pixels", 88.0), ("untrained", 40.0)):
+        with open(os.path.join(comparison.folder, "baselines", f"{name}_knn.json"), "w") as f:
+            json.dump({"protocol": "knn", "top1": figure}, f)
+    text = open(os.path.join(report.write(comparison), "report.md")).read()
+    # caco 91.0 [88.52, 93.48] lies above 88; byol's high end 87.7 below; dino's holds it.
+    assert ("Without pre-training, on the same test split (kNN top-1): the raw pixels 88.0 %; "
+            "the untrained network 40.0 %. On the kNN top-1, above the raw pixels by their 95 % "
+            "interval: caco; below them: byol; not told apart from them: dino.") in text
+
+
 def test_a_page_quotes_the_report_between_its_markers(tmp_path, monkeypatch):
     comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
                                                   "byol": [85.0, 86.0, 86.5]})
@@ -481,6 +499,11 @@ def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(t
     assert all("linear_top1" in e and "few_label_top1" in e for e in finals)
     text = (out / "report" / "report.md").read_text()
     assert "| caco | 0: `" in text or "| caco | 1: `" in text  # its chosen trial
+    pixels = json.loads((out / "baselines" / "pixels_knn.json").read_text())
+    untrained = json.loads((out / "baselines" / "untrained_knn.json").read_text())
+    assert pixels["encoder"] == "raw pixels" and pixels["test_images"] == untrained["test_images"]
+    assert (f"on the same test split (kNN top-1): the raw pixels {pixels['top1']:.1f} %; the "
+            f"untrained network {untrained['top1']:.1f} %.") in text
     for plot in ("accuracy.png", "curves.png", "health.png"):
         assert (out / "report" / plot).stat().st_size > 1000
     assert second.stdout.strip().endswith(f"report: {out / 'report' / 'report.md'}")

@@ -182,6 +182,7 @@ def compare(args, argv):
     if args.dry_run:
         return 0
     tuning.search(comparison, say=cli.say)
+    runner.measure_baselines(comparison, say=cli.say)
     return write_report(comparison, report, args.publish)
 
 

@@ -168,6 +168,32 @@ def every_pair(rows, metric):
     return apart, untold
 
 
+BASELINE_NAMES = {"pixels": "the raw pixels", "untrained": "the untrained network"}
+
+
+def against_baselines(rows, found):
+    """What training adds on these images: the baselines' kNN top-1 (``found``: {name:
+    figure}), and the methods whose 95 % interval over seeds lies above, or below, the raw
+    pixels' figure (one fixed number: the same images, no seed)."""
+    if not found:
+        return ""
+    text = ("Without pre-training, on the same test split (kNN top-1): " + "; ".join(
+        f"{BASELINE_NAMES[name]} {figure:.1f} %" for name, figure in found.items()) + ".")
+    if "pixels" not in found:
+        return text
+    pixels, groups = found["pixels"], {"above": [], "below": [], "untold": []}
+    for method in ranking(rows, "knn_top1"):
+        values = [f["knn_top1"] for f in rows[method]["seeds"].values() if "knn_top1" in f]
+        interval = statistics.mean_interval(values)
+        groups["above" if interval.low > pixels else "below" if interval.high < pixels
+               else "untold"].append(method)
+    parts = [f"{label} {', '.join(groups[key])}" for key, label in (
+        ("above", "above the raw pixels by their 95 % interval:"),
+        ("below", "below them:"),
+        ("untold", "not told apart from them:")) if groups[key]]
+    return text + (" On the kNN top-1, " + "; ".join(parts) + "." if parts else "")
+
+
 # ---------------------------------------------------------------------- the document
 def document(comparison, plots):
     """The report as blocks: ("h", level, text), ("p", text), ("table", header, rows),
@@ -227,6 +253,9 @@ def document(comparison, plots):
             f"command continues the comparison, and the report is rewritten from its run "
             f"folders.")))
     blocks.append(("table", header, body))
+    said = against_baselines(rows, runner.baselines(comparison))
+    if said:
+        blocks.append(("p", said))
     for key, title, _, _ in PROTOCOLS:
         said = sentences(rows, key, title)
         if said:

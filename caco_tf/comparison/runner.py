@@ -375,6 +375,45 @@ def evaluate(comparison, key):
     return entry
 
 
+# What training must beat, measured once on the test split: each baseline of caco-evaluate in
+# ``OUT/baselines/NAME_knn.json`` (its JSON).
+BASELINES = ("pixels", "untrained")
+
+
+def measure_baselines(comparison, say=print):
+    """kNN top-1 of the raw pixels and of the untrained network (seeded by the comparison's
+    seed) on the test split, at the budget's image size and kNN settings: what a method has to
+    beat to be worth its training on these images.  Taken through the first final run that
+    trained (its configuration and data); each once."""
+    from caco_tf.evaluation import protocols
+
+    trained = [key for key, *_, final in comparison.runs()
+               if final and os.path.exists(os.path.join(comparison.run_dir(key), "results.json"))]
+    if not trained:
+        return {}
+    for name in BASELINES:
+        path = os.path.join(comparison.folder, "baselines", f"{name}_knn.json")
+        if os.path.exists(path):
+            continue
+        result = protocols.evaluate("knn", run=comparison.run_dir(trained[0]), baseline=name,
+                                    seed=comparison.plan["arguments"]["seed"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_json_atomically(path, result, indent=1)
+        say(f"baseline {name}: test kNN {result['top1']:.1f}%")
+    return baselines(comparison)
+
+
+def baselines(comparison):
+    """{name: kNN top-1} of the baselines measured (``measure_baselines``)."""
+    found = {}
+    for name in BASELINES:
+        path = os.path.join(comparison.folder, "baselines", f"{name}_knn.json")
+        if os.path.exists(path):
+            with open(path) as handle:
+                found[name] = float(json.load(handle)["top1"])
+    return found
+
+
 def finished(comparison, key, final, entry=None):
     """Whether run ``key`` has everything measured (a failed run is finished too)."""
     entry = comparison.entry(key) if entry is None else entry
