@@ -28,7 +28,8 @@ PROTOCOLS = (("knn_top1", "kNN top-1", "results.json", "knn_top1"),
 
 # The plots of a report with measured seeds: (file, caption).
 PLOTS = (("accuracy.png", "Each method on the test split, 95 % intervals over seeds"),
-         ("curves.png", "Loss and kNN monitor over the epochs (seed 0)"),
+         ("curves.png", "Each method's loss (relative change from its first epoch), embedding "
+                        "rank and, where it ran, kNN monitor over the epochs (seed 0)"),
          ("health.png", "Health at the last epoch, each seed a point"))
 
 
@@ -404,26 +405,38 @@ def plot_accuracy(rows, path):
 
 
 def plot_curves(comparison, path):
-    """Each method's loss (and the kNN monitor, where it ran) over the epochs, seed 0."""
+    """Each method's loss (its relative change from the first epoch: the methods' losses have
+    other scales and signs), its
+    embedding's effective rank and, where it ran, its kNN monitor over the epochs, seed 0."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(10, 4), dpi=110)
-    loss_axis, knn_axis = figure.subplots(1, 2)
-    drawn = False
+    curves = {}
     for method in comparison.plan["arguments"]["methods"]:
         rows = history(comparison, comparison.final_key(method, 0))
-        if not rows:
-            continue
-        epochs = [row["epoch"] for row in rows]
-        loss_axis.plot(epochs, [row.get("loss", math.nan) for row in rows], label=method)
-        knn = [(row["epoch"], row["knn_top1"]) for row in rows if "knn_top1" in row]
-        if knn:
-            knn_axis.plot(*zip(*knn), marker=".", label=method)
-        drawn = True
-    loss_axis.set(title="loss (seed 0)", xlabel="epoch")
-    knn_axis.set(title="kNN monitor, held-out top-1 (%) (seed 0)", xlabel="epoch")
-    if drawn:
-        loss_axis.legend(fontsize="x-small")
+        if rows:
+            curves[method] = rows
+    monitored = any("knn_top1" in row for rows in curves.values() for row in rows)
+    panels = [("loss", "loss, relative change from epoch 1"), ("rank_embedding", "embedding rank")] + (
+        [("knn_top1", "kNN monitor, held-out top-1 (%)")] if monitored else [])
+    figure = Figure(figsize=(5 * len(panels), 4), dpi=110)
+    axes = figure.subplots(1, len(panels))
+    palette = colormaps["tab20"].colors  # 12 methods: the dark shades first, then the light
+    for place, (method, rows) in enumerate(curves.items()):
+        color = palette[(2 * place) % 20 + (2 * place) // 20]
+        first_loss = rows[0].get("loss")
+        for axis, (field, _) in zip(axes, panels):
+            points = [(row["epoch"], row[field]) for row in rows if row.get(field) is not None]
+            if field == "loss" and first_loss:
+                points = [(epoch, (value - first_loss) / abs(first_loss))
+                          for epoch, value in points]
+            if points:
+                axis.plot(*zip(*points), marker="." if field == "knn_top1" else None,
+                          color=color, label=method)
+    for axis, (_, title) in zip(axes, panels):
+        axis.set(title=f"{title} (seed 0)", xlabel="epoch")
+    if curves:
+        axes[0].legend(fontsize="x-small", ncol=2)
     figure.tight_layout()
     figure.savefig(path)
 
