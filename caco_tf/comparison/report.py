@@ -406,8 +406,8 @@ def plot_accuracy(rows, path):
 
 def plot_curves(comparison, path):
     """Each method's loss (its relative change from the first epoch: the methods' losses have
-    other scales and signs), its
-    embedding's effective rank and, where it ran, its kNN monitor over the epochs, seed 0."""
+    other scales and signs), its embedding's effective rank and, where it ran, its kNN monitor
+    over the epochs, seed 0."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -417,8 +417,10 @@ def plot_curves(comparison, path):
         if rows:
             curves[method] = rows
     monitored = any("knn_top1" in row for rows in curves.values() for row in rows)
-    panels = [("loss", "loss, relative change from epoch 1"), ("rank_embedding", "embedding rank")] + (
-        [("knn_top1", "kNN monitor, held-out top-1 (%)")] if monitored else [])
+    panels = [("loss", "loss, relative change from epoch 1"),
+              ("rank_embedding", "embedding rank")]
+    if monitored:
+        panels.append(("knn_top1", "kNN monitor, held-out top-1 (%)"))
     figure = Figure(figsize=(5 * len(panels), 4), dpi=110)
     axes = figure.subplots(1, len(panels))
     palette = colormaps["tab20"].colors  # 12 methods: the dark shades first, then the light
