@@ -329,9 +329,9 @@ def paired_lines(args, runs, at):
                               for s in range(args.seeds)
                               if metric in runs.get(f"{at}held-out/{m}/seed{s}", {})}}
                 for m in args.methods}
-        apart, untold = comparison_report.every_pair(rows, metric)
+        apart, untold, unmeasured = comparison_report.every_pair(rows, metric)
         lines += ["", f"Paired over the seeds, held-out {title}: {len(apart)} of "
-                      f"{len(apart) + untold} pairs told apart by a 95 % t interval of the "
+                      f"{len(apart) + untold + unmeasured} pairs told apart by a 95 % t interval of the "
                       f"seed-by-seed difference{' (below)' if apart else ''}; every other pair: "
                       f"no difference measured.", ""]
         lines += [f"- {sentence}" for sentence in apart]

@@ -193,6 +193,12 @@ def test_a_ranking_sentence_needs_a_paired_interval_that_excludes_zero():
     assert said[0] == ("On kNN top-1, a has the highest mean; it is above b by a paired "
                        "interval that excludes 0, and not distinguishable from c.")
     assert report.sentences(rows_of({"a": [1.0, 2.0]}), "knn_top1", "kNN") == []
+    # Methods with one seed so far: one sentence for them, not "not distinguishable".
+    rows.update(rows_of({"d": [50.0], "e": [40.0]}))
+    said = report.sentences(rows, "knn_top1", "kNN top-1")
+    assert said[0].endswith("above b by a paired interval that excludes 0, and not "
+                            "distinguishable from c.")
+    assert said[-1] == "a against d, e: fewer than two common seeds, nothing measured."
 
 
 def fake_comparison(folder, knn):
@@ -305,6 +311,10 @@ def test_the_report_sets_each_method_against_the_raw_pixels_by_its_interval(tmp_
     assert ("Without pre-training, on the same test split (kNN top-1): the raw pixels 88.0 %; "
             "the untrained network 40.0 %. On the kNN top-1, above the raw pixels by their 95 % "
             "interval: caco; below them: byol; not told apart from them: dino.") in text
+    os.remove(os.path.join(comparison.run_dir("final/dino/seed1"), "results.json"))
+    os.remove(os.path.join(comparison.run_dir("final/dino/seed2"), "results.json"))
+    assert report.against_baselines(report.table_rows(comparison), {"pixels": 88.0}).endswith(
+        "below them: byol; a single seed, nothing measured: dino.")
 
 
 def test_a_page_quotes_the_report_between_its_markers(tmp_path, monkeypatch):
@@ -577,13 +587,15 @@ def test_runs_spread_over_two_workers_a_killed_one_resumes_its_run(tmp_path):
 
 def test_every_pair_that_a_paired_interval_tells_apart():
     rows = rows_of({"a": [90.0, 91.0, 92.0], "b": [89.0, 89.9, 91.1], "c": [88.8, 89.8, 90.8]})
-    apart, untold = report.every_pair(rows, "knn_top1")
+    apart, untold, unmeasured = report.every_pair(rows, "knn_top1")
     # a - c = 1.2 on every seed: an interval of no width; b - c = 0.2, 0.1, 0.3: mean 0.2 ±
     # 4.303 · 0.1 / √3 = 0.25, which holds 0
     assert apart == ["a above b: +1.0 points [+0.75, +1.25] (3 paired seeds)",
                      "a above c: +1.2 points [+1.20, +1.20] (3 paired seeds) (the same "
                      "difference on every seed: an interval of no width)"]
-    assert untold == 1
+    assert (untold, unmeasured) == (1, 0)
+    rows["d"] = {"seeds": {0: {"knn_top1": 99.0}}}  # one seed: paired with none, not "untold"
+    assert report.every_pair(rows, "knn_top1")[1:] == (1, 3)
 
 
 def test_a_run_that_stops_itself_loses_without_ending_the_search(tmp_path, monkeypatch):

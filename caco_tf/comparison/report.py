@@ -121,12 +121,11 @@ def sentences(rows, metric, title):
     if len(order) < 2:
         return []
     best = order[0]
-    said, above = [], []
+    said, above, unmeasured = [], [], []
     for other in order[1:]:
         found = paired(rows, metric, best, other)
         if found is None:
-            said.append(f"{best} against {other}: fewer than two common seeds, nothing "
-                        f"measured.")
+            unmeasured.append(other)
             continue
         result, count = found
         d = result.difference
@@ -141,21 +140,28 @@ def sentences(rows, metric, title):
                f"{', '.join(above)} by a paired interval that excludes 0"
                if above else f"On {title}, {best} has the highest mean, but no paired interval "
                f"sets it above any other method")
-    tied = [o for o in order[1:] if o not in above]
+    tied = [o for o in order[1:] if o not in above and o not in unmeasured]
     if above and tied:
         summary += f", and not distinguishable from {', '.join(tied)}"
+    if unmeasured:
+        said.append(f"{best} against {', '.join(unmeasured)}: fewer than two common seeds, "
+                    f"nothing measured.")
     return [summary + "."] + said
 
 
 def every_pair(rows, metric):
     """The pairs a paired interval tells apart on ``metric`` (one sentence each, the better
-    first) and the number of pairs it does not."""
+    first), the number of pairs it does not, and of pairs with fewer than two common seeds
+    (nothing measured)."""
     methods = ranking(rows, metric)
-    apart, untold = [], 0
+    apart, untold, unmeasured = [], 0, 0
     for place, a in enumerate(methods):
         for b in methods[place + 1:]:
             found = paired(rows, metric, a, b)
-            if found is None or found[0].verdict == statistics.NO_DIFFERENCE:
+            if found is None:
+                unmeasured += 1
+                continue
+            if found[0].verdict == statistics.NO_DIFFERENCE:
                 untold += 1
                 continue
             d = found[0].difference
@@ -166,7 +172,7 @@ def every_pair(rows, metric):
                          f"[{low:+.2f}, {high:+.2f}] ({found[1]} paired seeds)"
                          + (" (the same difference on every seed: an interval of no width)"
                             if high - low < 1e-3 else ""))
-    return apart, untold
+    return apart, untold, unmeasured
 
 
 BASELINE_NAMES = {"pixels": "the raw pixels", "untrained": "the untrained network"}
@@ -182,16 +188,18 @@ def against_baselines(rows, found):
         f"{BASELINE_NAMES[name]} {figure:.1f} %" for name, figure in found.items()) + ".")
     if "pixels" not in found:
         return text
-    pixels, groups = found["pixels"], {"above": [], "below": [], "untold": []}
+    pixels = found["pixels"]
+    groups = {"above": [], "below": [], "untold": [], "unmeasured": []}
     for method in ranking(rows, "knn_top1"):
         values = [f["knn_top1"] for f in rows[method]["seeds"].values() if "knn_top1" in f]
         interval = statistics.mean_interval(values)
-        groups["above" if interval.low > pixels else "below" if interval.high < pixels
-               else "untold"].append(method)
+        groups["unmeasured" if len(values) < 2 else "above" if interval.low > pixels
+               else "below" if interval.high < pixels else "untold"].append(method)
     parts = [f"{label} {', '.join(groups[key])}" for key, label in (
         ("above", "above the raw pixels by their 95 % interval:"),
         ("below", "below them:"),
-        ("untold", "not told apart from them:")) if groups[key]]
+        ("untold", "not told apart from them:"),
+        ("unmeasured", "a single seed, nothing measured:")) if groups[key]]
     return text + (" On the kNN top-1, " + "; ".join(parts) + "." if parts else "")
 
 
@@ -260,10 +268,12 @@ def document(comparison, plots):
     for key, title, _, _ in PROTOCOLS:
         said = sentences(rows, key, title)
         if said:
-            apart, untold = every_pair(rows, key)
+            apart, untold, unmeasured = every_pair(rows, key)
             blocks += [("h", 3, f"What the {title} can say"), ("list", said), ("p", (
                 f"Every pair on the {title}: {len(apart)} told apart by a paired interval, "
-                f"{untold} not (no difference measured)" + (":" if apart else "."))),
+                f"{untold} not (no difference measured)"
+                + (f", {unmeasured} with fewer than two common seeds (nothing measured)"
+                   if unmeasured else "") + (":" if apart else "."))),
             ] + ([("list", apart)] if apart else [])
     blocks += [("p", "A paired interval is over the seeds both methods finished (seed s: the "
                      "same split, initialization seed and data order); with "
