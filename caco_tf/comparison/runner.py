@@ -380,6 +380,10 @@ def evaluate(comparison, key):
 BASELINES = ("pixels", "untrained")
 
 
+def baseline_path(comparison, name):
+    return os.path.join(comparison.folder, "baselines", f"{name}_knn.json")
+
+
 def measure_baselines(comparison, say=print):
     """kNN top-1 of the raw pixels and of the untrained network (seeded by the comparison's
     seed) on the test split, at the budget's image size and kNN settings: what a method has to
@@ -392,7 +396,7 @@ def measure_baselines(comparison, say=print):
     if not trained:
         return {}
     for name in BASELINES:
-        path = os.path.join(comparison.folder, "baselines", f"{name}_knn.json")
+        path = baseline_path(comparison, name)
         if os.path.exists(path):
             continue
         result = protocols.evaluate("knn", run=comparison.run_dir(trained[0]), baseline=name,
@@ -407,7 +411,7 @@ def baselines(comparison):
     """{name: kNN top-1} of the baselines measured (``measure_baselines``)."""
     found = {}
     for name in BASELINES:
-        path = os.path.join(comparison.folder, "baselines", f"{name}_knn.json")
+        path = baseline_path(comparison, name)
         if os.path.exists(path):
             with open(path) as handle:
                 found[name] = float(json.load(handle)["top1"])
