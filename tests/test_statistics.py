@@ -51,3 +51,13 @@ def test_a_paired_comparison_claims_only_what_its_interval_excludes():
     assert two.verdict == statistics.NO_DIFFERENCE
     with pytest.raises(ValueError, match="one of each per seed: 3 against 2"):
         statistics.paired_comparison([1, 2, 3], [1, 2])
+
+
+def test_an_accuracys_standard_error_is_the_binomial_one():
+    # sqrt(p (1 - p) / n) in points: 0.5 · 0.5 / 20,000 → 0.3536; 0.9 · 0.1 / 100 → 3.0.
+    assert statistics.accuracy_standard_error(50.0, 20_000) == pytest.approx(
+        100 * math.sqrt(0.25 / 20_000), rel=1e-12)
+    assert statistics.accuracy_standard_error(90.0, 100) == pytest.approx(3.0, rel=1e-12)
+    assert statistics.accuracy_standard_error(100.0, 10) == 0.0
+    with pytest.raises(ValueError, match="in \\[0, 100\\] % on at least one image, not 101"):
+        statistics.accuracy_standard_error(101.0, 10)

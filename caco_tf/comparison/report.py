@@ -203,6 +203,22 @@ def against_baselines(rows, found):
     return text + (" On the kNN top-1, " + "; ".join(parts) + "." if parts else "")
 
 
+def split_resolution(rows, test_images):
+    """What the test split itself can resolve: one standard error of the kNN top-1 figures
+    measured on its images (the same images for every method and seed)."""
+    means = [statistics.mean_interval(values).mean for values in (
+        [f["knn_top1"] for f in row["seeds"].values() if "knn_top1" in f]
+        for row in rows.values()) if values]
+    if not means:
+        return ""
+    errors = sorted(statistics.accuracy_standard_error(m, test_images) for m in means)
+    return (f"On {test_images:,} test images, one standard error of an accuracy, "
+            f"√(p (1 − p) / n), is {errors[0]:.2f}–{errors[-1]:.2f} point at the methods' kNN "
+            f"top-1; every run is measured on the same images, so the intervals over seeds "
+            f"hold what changes with the seed (initialization, data order), not the draw of "
+            f"the test images.")
+
+
 # ---------------------------------------------------------------------- the document
 def document(comparison, plots):
     """The report as blocks: ("h", level, text), ("p", text), ("table", header, rows),
@@ -262,9 +278,10 @@ def document(comparison, plots):
             f"command continues the comparison, and the report is rewritten from its run "
             f"folders.")))
     blocks.append(("table", header, body))
-    said = against_baselines(rows, runner.baselines(comparison))
-    if said:
-        blocks.append(("p", said))
+    for said in (against_baselines(rows, runner.baselines(comparison)),
+                 split_resolution(rows, images["test"])):
+        if said:
+            blocks.append(("p", said))
     for key, title, _, _ in PROTOCOLS:
         said = sentences(rows, key, title)
         if said:

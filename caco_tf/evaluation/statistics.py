@@ -31,6 +31,16 @@ def mean_interval(values, confidence=0.95):
     return Interval(mean, mean - half, mean + half, count)
 
 
+def accuracy_standard_error(percent, count):
+    """One standard error, in points, of an accuracy of ``percent`` % measured on ``count``
+    images, sqrt(p (1 - p) / n): how far another draw of as many test images would move it."""
+    if count < 1 or not 0.0 <= percent <= 100.0:
+        raise ValueError(f"an accuracy in [0, 100] % on at least one image, not {percent} % "
+                         f"on {count}")
+    p = percent / 100.0
+    return 100.0 * math.sqrt(p * (1.0 - p) / count)
+
+
 def paired_comparison(a, b, names=("A", "B"), confidence=0.95):
     """A's figures against B's, seed by seed (``a[i]`` and ``b[i]`` of the same seed): the
     interval of the mean difference a - b and the verdict it supports: "A above B", "B above
