@@ -206,7 +206,7 @@ def against_baselines(rows, found):
 def split_resolution(rows, test_images):
     """What the test split itself can resolve: one standard error of the kNN top-1 figures
     measured on its images (the same images for every method and seed)."""
-    means = [statistics.mean_interval(values).mean for values in (
+    means = [_mean(values) for values in (
         [f["knn_top1"] for f in row["seeds"].values() if "knn_top1" in f]
         for row in rows.values()) if values]
     if not means:
