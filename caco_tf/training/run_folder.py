@@ -348,10 +348,10 @@ def _check_entry(entry):
             raise ValueError(f"a checkpoint's metric {name!r} is {values!r}")
 
 
-def write_error(error, path):
+def write_error(error, path, flag="--run-dir"):
     """A ``WriteError`` of one line from an ``OSError`` (or h5py's ``RuntimeError``) met while
-    writing ``path``."""
-    return WriteError(_write_message(*_failure(error, path)))
+    writing ``path``; ``flag``: the command's option that names another place."""
+    return WriteError(_write_message(*_failure(error, path), flag=flag))
 
 
 def _failure(error, path):
@@ -368,9 +368,9 @@ def _failure(error, path):
     return getattr(error, "filename", None) or path, cause, advice
 
 
-def _write_message(path, cause, advice, kept=None):
+def _write_message(path, cause, advice, kept=None, flag="--run-dir"):
     kept = f"; {kept}" if kept else ""
-    return (f"cannot write {path}: {cause}{kept}; {advice} (or pass another --run-dir), then "
+    return (f"cannot write {path}: {cause}{kept}; {advice} (or pass another {flag}), then "
             f"run the same command to continue")
 
 
