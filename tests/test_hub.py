@@ -1,8 +1,12 @@
 """KerasHub in and out (the hub extra): a KerasHub backbone built from its class pre-trains
-with a method; a trained backbone exported as a KerasHub preset loads with
-``Backbone.from_preset`` with the same features and fine-tunes in an ``ImageClassifier``;
-without the extra, one line says how to get it."""
+with a method, a ViT with every optimizer; a trained backbone exported as a KerasHub preset
+loads with ``Backbone.from_preset`` with the same features, fine-tunes in an
+``ImageClassifier`` and pre-trains again through ``model.backbone: keras_hub:DIR``; without the
+extra, a folder that is no preset and KerasHub's base class, one line each."""
 
+import json
+import os
+import re
 import sys
 
 import keras
@@ -36,27 +40,55 @@ def test_hub_settings_out_of_place_are_one_line():
 
 keras_hub = pytest.importorskip("keras_hub", reason="the hub extra is absent: pip install -e "
                                                     "'.[hub]'")
-import caco_tf.serving.hub  # noqa: E402  (registers the preset's backbone class)
+import caco_tf.serving.hub  # noqa: E402  (the presets' writer)
+
+
+TINY_BYOL = ["method.name=byol", "data.views=asymmetric", "model.projector_hidden=16",
+             "model.embedding_dim=8", "method.byol.predictor_hidden=16", "train.batch_size=8",
+             "train.epochs=1", "train.lr_warmup_epochs=0"]
+HUB_VIT = ["model.backbone=keras_hub:ViTBackbone", "model.pool_grid=1",
+           "model.backbone_arguments={patch_size: 8, num_layers: 1, num_heads: 2, "
+           "hidden_dim: 8, mlp_dim: 16}"]
+
+
+def pre_train_two_steps(overrides, size=16, channels=3):
+    """A model of ``overrides`` on ``size``×``size``×``channels`` images after two steps on
+    random views: (the model, its backbone's trainable weights before them)."""
+    config = load_config(None, TINY_BYOL + [f"data.image_size={size}",
+                                            f"data.channels={channels}"] + overrides)
+    keras.utils.set_random_seed(0)
+    model = build.build_model(config, steps_per_epoch=2)
+    before = [w.numpy() for w in model.backbone.trainable_weights]
+    views = tuple(np.random.default_rng(i).normal(size=(8, size, size, channels))
+                  .astype("float32") for i in range(2))
+    history = model.fit(tf.data.Dataset.from_tensors(views).repeat(2), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    return model, before
+
+
+def moved(model, before):
+    """The paths of the backbone's weights that training changed."""
+    return {w.path for a, w in zip(before, model.backbone.trainable_weights)
+            if not np.array_equal(a, w.numpy())}
 
 
 @pytest.mark.parametrize("method", ["byol", pytest.param("caco", marks=pytest.mark.slow)])
 def test_a_keras_hub_backbone_pre_trains(method):
-    config = load_config(None, HUB_RESNET + [
-        f"method.name={method}", "data.views=asymmetric", "data.image_size=16",
-        "data.channels=3", "model.projector_hidden=16", "model.embedding_dim=8",
-        "method.caco.bank_size=16", "method.caco.warmup_epochs=0", "train.batch_size=8",
-        "train.epochs=1", "train.lr_warmup_epochs=0", "method.byol.predictor_hidden=16"])
-    keras.utils.set_random_seed(0)
-    model = build.build_model(config, steps_per_epoch=2)
+    model, before = pre_train_two_steps(HUB_RESNET + [
+        f"method.name={method}", "method.caco.bank_size=16", "method.caco.warmup_epochs=0"])
     assert any("res_net_backbone" in layer.name or "ResNet" in type(layer).__name__
                for layer in model.backbone.layers)
-    before = [w.numpy() for w in model.backbone.trainable_weights]
-    views = tuple(np.random.default_rng(i).normal(size=(8, 16, 16, 3)).astype("float32")
-                  for i in range(2))
-    history = model.fit(tf.data.Dataset.from_tensors(views).repeat(2), epochs=1, verbose=0)
-    assert np.isfinite(history.history["loss"][0])
-    assert any(not np.array_equal(a, b.numpy())
-               for a, b in zip(before, model.backbone.trainable_weights))
+    assert moved(model, before)
+
+
+@pytest.mark.parametrize("optimizer", [
+    ["train.optimizer=sgd"], ["train.optimizer=lars"],
+    ["train.optimizer=adamw", "train.clip_gradient_norm=1.0", "train.weight_decay_end=0.4"]],
+    ids=["sgd", "lars", "adamw"])
+def test_every_optimizer_trains_a_keras_hub_vit(optimizer):
+    # Its position embedding is gathered, so that weight's gradient is sparse (IndexedSlices).
+    model, before = pre_train_two_steps(HUB_VIT + optimizer)
+    assert any(path.endswith("position_embedding/embeddings") for path in moved(model, before))
 
 
 @pytest.mark.parametrize("backbone", [
@@ -84,20 +116,99 @@ def test_a_preset_loads_with_the_same_features_and_fine_tunes(backbone, tmp_path
                for a, b in zip(start, classifier.trainable_weights))
 
 
-def test_the_export_command_writes_a_keras_hub_preset(tmp_path, capsys):
-    import json
-    import os
+@pytest.fixture(scope="module")
+def exported_preset(tmp_path_factory):
+    """A tiny run trained one step and exported by ``caco-export --format keras-hub``: (the
+    preset directory, the trained model, what the command printed)."""
+    import contextlib
+    import io
 
     from caco_tf.cli import export
     from tiny_run import make_run
 
-    run, model = make_run(tmp_path / "run")
-    assert export.main(["--run", run, "--format", "keras-hub"]) == 0
-    directory = os.path.join(run, "keras_hub_preset")
-    assert f"keras-hub: {os.path.abspath(directory)}" in capsys.readouterr().out
+    run, model = make_run(tmp_path_factory.mktemp("hub") / "run", overrides=TINY_BYOL)
+    views = tuple(np.random.default_rng(i).random((8, 28, 28, 1), dtype="float32")
+                  for i in range(2))
+    model.fit(tf.data.Dataset.from_tensors(views), epochs=1, verbose=0)
+    model.save_weights(os.path.join(run, "checkpoints", "last.weights.h5"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert export.main(["--run", run, "--format", "keras-hub"]) == 0
+    return os.path.join(run, "keras_hub_preset"), model, printed.getvalue()
+
+
+def test_the_export_command_writes_a_keras_hub_preset(exported_preset):
+    directory, model, printed = exported_preset
+    assert f"keras-hub: {os.path.abspath(directory)}" in printed
     with open(os.path.join(directory, "preprocessing.json")) as handle:
         assert json.load(handle)["image_size"] == 28
     loaded = keras_hub.models.Backbone.from_preset(directory)
     images = np.random.default_rng(0).normal(size=(2, 28, 28, 1)).astype("float32")
     np.testing.assert_allclose(np.asarray(loaded(images)).reshape(2, -1),
                                np.asarray(model.backbone(images)), atol=1e-5)
+
+
+def test_a_preset_the_export_command_wrote_pre_trains_again(exported_preset):
+    directory, trained, _ = exported_preset
+    images = np.random.default_rng(0).random((2, 28, 28, 1), dtype="float32")
+    loaded = backbones.build_backbone(f"keras_hub:{directory}", (28, 28, 1))
+    np.testing.assert_allclose(np.asarray(loaded(images)), np.asarray(trained.backbone(images)),
+                               atol=1e-5)  # the 1x1 map, pooled: the trained features
+    model, before = pre_train_two_steps([f"model.backbone=keras_hub:{directory}",
+                                         "model.pool_grid=1"], size=28, channels=1)
+    assert moved(model, before)
+
+
+def test_a_fresh_process_loads_the_preset(exported_preset):
+    # As caco-train's: a process that never imported caco_tf.serving.hub, the preset's writer.
+    import launch
+
+    script = ("import sys; from caco_tf.nets import backbones; "
+              "print(backbones.build_backbone(sys.argv[1], (28, 28, 1)).output_shape)")
+    result = launch.run([sys.executable, "-c", script, f"keras_hub:{exported_preset[0]}"],
+                        env=dict(os.environ, PYTHONPATH=launch.ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+                        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    features = exported_preset[1].backbone.output_shape[-1]
+    assert result.stdout.strip().splitlines()[-1] == f"(None, {features})"
+
+
+@pytest.mark.parametrize("files", [
+    {}, {"notes.txt": "not a preset", "model.weights.h5": "no weights either"},
+    {"config.json": '{"name": "another tool\'s settings", "version": 3}'},
+    {"config.json": "{not json"},
+    {"config.json": json.dumps(keras.saving.serialize_keras_object(keras.layers.Dense(3)))}],
+    ids=["empty", "other files", "another config.json", "not json", "a layer's config"])
+def test_a_folder_that_is_no_preset_is_one_line(files, tmp_path):
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    folder = str(tmp_path)
+    with pytest.raises(ConfigError, match=f"{re.escape(folder)}.* is not a KerasHub backbone "
+                                          f"preset.*a preset directory holds config.json") \
+            as error:
+        backbones.build_backbone(f"keras_hub:{folder}", (16, 16, 3))
+    assert "\n" not in str(error.value)
+
+
+def test_a_preset_of_other_images_is_one_line(exported_preset):
+    directory = exported_preset[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(directory)} takes images of 28x28x1, "
+                                          rf"not 16x16x3: set data.image_size and data.channels"):
+        backbones.build_backbone(f"keras_hub:{directory}", (16, 16, 3))
+
+
+def test_a_preset_of_no_image_backbone_is_one_line(tmp_path):
+    keras_hub.models.BertBackbone(vocabulary_size=10, num_layers=1, num_heads=1, hidden_dim=4,
+                                  intermediate_dim=8, max_sequence_length=4).save_to_preset(
+        str(tmp_path))
+    with pytest.raises(ConfigError, match=rf"keras_hub:{re.escape(str(tmp_path))} takes no "
+                                          rf"images \(its inputs: .*\); an image backbone"):
+        backbones.build_backbone(f"keras_hub:{tmp_path}", (16, 16, 3))
+
+
+@pytest.mark.parametrize("base", ["Backbone", "FeaturePyramidBackbone"])
+def test_keras_hubs_base_classes_are_one_line(base):
+    with pytest.raises(ConfigError, match=rf"model.backbone keras_hub:{base} is KerasHub's "
+                                          rf"base class.*e.g. keras_hub:ViTBackbone") as error:
+        backbones.build_backbone(f"keras_hub:{base}", (16, 16, 3))
+    assert "backbone_arguments" not in str(error.value)

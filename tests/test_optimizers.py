@@ -319,6 +319,26 @@ def test_paper_learning_rate():
         paper_learning_rate(256, "adam")
 
 
+@pytest.mark.parametrize("kind", ["sgd", "lars", "adamw"])
+def test_a_sparse_gradient_steps_as_its_dense_twin(kind):
+    # A gathered weight (KerasHub's ViT position embedding) gets IndexedSlices, rows repeated.
+    rows, indices = np.arange(12, dtype=np.float32).reshape(3, 4), [0, 2, 0]
+    sparse = tf.IndexedSlices(tf.constant(rows), tf.constant(indices), tf.constant([5, 4]))
+    dense = tf.math.unsorted_segment_sum(rows, indices, 5)
+    start = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    stepped = []
+    for gradient in (sparse, dense):
+        optimizer = build_encoder_optimizer(256, 10, 0, optimizer=kind, learning_rate=0.1,
+                                            clip_gradient_norm=5.0)
+        variable = keras.Variable(start)
+        optimizer.build([variable])
+        for _ in range(2):
+            optimizer.apply([gradient], [variable])
+        stepped.append(variable.numpy())
+    np.testing.assert_allclose(stepped[0], stepped[1], **TOL)
+    assert np.abs(stepped[0] - start).max() > 0
+
+
 def test_build_encoder_optimizer():
     opt = build_encoder_optimizer(256, total_steps=100, warmup_steps=10)
     assert isinstance(opt, LARS) and not opt.layer_adaptation

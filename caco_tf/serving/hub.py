@@ -8,50 +8,19 @@ returns the features as a 1×1 map ``[B, 1, 1, F]``, so that the classifier's av
 gives them back unchanged.
 """
 
+import json
 import os
 
-import keras
-
-# A preset's backbone is made of these modules' layers: importing them registers the classes.
-from caco_tf.nets import backbones, vit
-from caco_tf.nets.hub import keras_hub
-
-REGISTERED = (backbones, vit)
-
-try:  # the optional extra: without it, every function above says how to install it
-    import keras_hub as _hub
-except ImportError:
-    _hub = None
-
-if _hub is not None:
-    @keras.saving.register_keras_serializable(package="caco_tf")
-    class CacoBackbone(_hub.models.Backbone):
-        """A caco_tf backbone as a KerasHub ``Backbone``: images → the features as a 1×1 map
-        (``ImageClassifier``'s average pooling gives them back)."""
-
-        def __init__(self, encoder, **kwargs):
-            if isinstance(encoder, dict):
-                encoder = keras.saving.deserialize_keras_object(encoder)
-            inputs = keras.Input(shape=encoder.input_shape[1:], name="images")
-            outputs = keras.layers.Reshape((1, 1, encoder.output_shape[-1]),
-                                           name="features_map")(encoder(inputs))
-            super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-            self.encoder = encoder
-
-        def get_config(self):
-            config = super().get_config()
-            config["encoder"] = keras.saving.serialize_keras_object(self.encoder)
-            return config
+# Importing it registers CacoBackbone, the preset's class, and the layers it is made of.
+from caco_tf.nets import hub as hub_backbones
 
 
 def export_preset(backbone, directory, preprocessing=None):
     """Write ``backbone`` as a KerasHub preset directory (config.json, model.weights.h5,
     metadata.json, and ``preprocessing.json``: the image size, channels, mean and std its
     float inputs are normalized with); the directory."""
-    import json
-
-    keras_hub()
-    wrapped = CacoBackbone(backbone, name="caco_backbone")
+    hub_backbones.keras_hub()
+    wrapped = hub_backbones.CacoBackbone(backbone, name="caco_backbone")
     wrapped.save_to_preset(directory)
     with open(os.path.join(directory, "preprocessing.json"), "w") as handle:
         json.dump({"inputs": "float images in [0, 1], then (x - mean) / std, at image_size",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from caco_tf import keras_compat
@@ -224,8 +225,10 @@ def clip_by_tensor_norm(gradient, clip):
 
 
 def _clipped(gradient, dtype, clip):
-    """The gradient in the variable's dtype, clipped per tensor when ``clip`` > 0."""
-    gradient = ops.cast(gradient, dtype)
+    """The gradient, dense, in the variable's dtype, clipped per tensor when ``clip`` > 0."""
+    # A gathered weight's (KerasHub ViT's position embedding) comes as IndexedSlices: dense,
+    # its repeated rows are summed, so the update's arithmetic and the norm take it.
+    gradient = ops.cast(tf.convert_to_tensor(gradient), dtype)
     return clip_by_tensor_norm(gradient, ops.cast(clip, dtype)) if clip > 0.0 else gradient
 
 
