@@ -11,6 +11,8 @@ import collections
 import dataclasses
 import logging
 import os
+import zipfile
+import zlib
 from typing import Optional
 
 import tensorflow as tf
@@ -368,13 +370,28 @@ def load_keras_file(path):
         raise ConfigError(f"no such .keras file: {path}")
     try:
         model = keras.models.load_model(path, compile=True)
+    except (zipfile.BadZipFile, zlib.error, EOFError):  # an entry cut short or garbled
+        raise ConfigError(_damaged_keras_file(path)) from None
     except (OSError, ValueError, TypeError) as error:
+        if not zipfile.is_zipfile(path):  # Keras says "File not found" of it
+            raise ConfigError(_damaged_keras_file(path)) from None
         raise ConfigError(f"cannot load {path}: {' '.join(str(error).split())[:300]}") from None
     if not getattr(model, "run_settings", None):
         raise ConfigError(f"{path} holds no run configuration (a model not built by "
                           f"caco_tf.build_model); evaluate its backbone from Python instead")
     config = load_config(None, _assignments(upgrade_saved_config(model.run_settings)))
     return Run(os.path.dirname(os.path.abspath(path)), config, model, run_views(config))
+
+
+def _damaged_keras_file(path):
+    """The line for a ``.keras`` file that is no readable zip archive, with what to use
+    instead: its run folder when there is one beside it."""
+    folder = RunFolder(os.path.dirname(os.path.abspath(path)))
+    instead = (f"use its run folder instead, --run {folder.path}, which rebuilds the model from "
+               f"config.yaml and its last checkpoint"
+               if os.path.exists(folder.config) and os.path.exists(folder.checkpoint)
+               else "save the model again (model.save)")
+    return f"{path} cannot be read as a Keras archive (damaged or cut short): {instead}"
 
 
 def _assignments(tree, prefix=""):

@@ -1,10 +1,14 @@
 """Every command turns a user's mistake into one ``error: ...`` line and exit status 2: no
-traceback, and nothing new in the run folder (or no run folder at all when there was none).
+traceback, and nothing new in the run folder (or no run folder at all when there was none); an
+output that cannot be written (a read-only or full disk) is one line and exit status 74.
 
 The commands run in this process (``main(argv)``, what the console scripts call); one real
 process per command at the end checks the entry points themselves, start-up included."""
 
+import contextlib
+import errno
 import os
+import re
 import subprocess
 import sys
 
@@ -37,10 +41,19 @@ def places(tmp_path_factory):
     Image.fromarray(np.zeros((28, 28), np.uint8)).save(images / "0.png")
     np.savez(root / "float.npz", images=np.zeros((3, 28, 28), np.float32))
     (root / "not_a_checkpoint.pth.tar").write_bytes(b"no pickle here")
+    (root / "plain.txt").write_text("a file where a folder or a new file goes")
+    (root / "full").mkdir()
+    (root / "full" / "notes.txt").write_text("someone else's")
+    model.save(root / "run" / "model.keras")  # then cut to half its bytes: a damaged archive
+    whole = (root / "run" / "model.keras").read_bytes()
+    (root / "run" / "model.keras").write_bytes(whole[:len(whole) // 2])
+    (root / "empty.keras").write_bytes(b"")
     keras.backend.clear_session()
     return {"RUN": run_dir, "MODEL": model_dir, "IMAGES": str(root / "images"),
             "FLOAT_NPZ": str(root / "float.npz"), "ROOT": str(root),
-            "BAD_CHECKPOINT": str(root / "not_a_checkpoint.pth.tar")}
+            "BAD_CHECKPOINT": str(root / "not_a_checkpoint.pth.tar"),
+            "PLAIN_FILE": str(root / "plain.txt"), "FULL_FOLDER": str(root / "full"),
+            "SERVED": str(root / "served")}
 
 
 # (command, arguments, words the error line must hold); NEW is a path that must stay absent.
@@ -121,6 +134,37 @@ CASES = [
      "--serving-version must be at least 1"),
     ("export", ["--run", "RUN", "--crop-fraction", "1.5"], "--crop-fraction must be in"),
     ("export", ["--run", "RUN", "--version", "3"], "the model version is --serving-version 3"),
+    ("export", ["--run", "RUN/model.keras"], "RUN/model.keras cannot be read as a Keras archive"
+     " (damaged or cut short): use its run folder instead, --run RUN, which rebuilds the model "
+     "from config.yaml and its last checkpoint"),
+    ("export", ["--run", "ROOT/empty.keras"], "ROOT/empty.keras cannot be read as a Keras "
+     "archive (damaged or cut short): save the model again (model.save)"),
+    ("evaluate", ["knn", "--run", "RUN/model.keras"], "cannot be read as a Keras archive"),
+    # Outputs in places the user must change: refused before the model loads, nothing written.
+    ("export", ["--run", "RUN", "--out", "PLAIN_FILE"],
+     "--out PLAIN_FILE is a file, not a folder: pass another --out or remove it"),
+    ("export", ["--run", "RUN", "--out", "SERVED"], "SERVED/backbone/1 already holds files "
+     "(assets, fingerprint.pb, saved_model.pb, ...): pass another --out or --serving-version, "
+     "or remove it"),
+    ("export", ["--run", "RUN", "--out", "PLAIN_FILE/x"],
+     "--out PLAIN_FILE/x: PLAIN_FILE is a file, not a folder: pass another --out"),
+    ("export", ["--run", "RUN", "--format", "onnx", "--out", "FULL_FOLDER"],
+     "--out FULL_FOLDER is a folder, not a file: pass a file's path (e.g. "
+     "FULL_FOLDER/backbone.onnx)"),
+    ("export", ["--run", "RUN", "--format", "onnx", "--out", "PLAIN_FILE"],
+     "--out PLAIN_FILE already exists: pass another --out or remove it"),
+    ("export", ["--run", "RUN", "--format", "litert", "--out", "FULL_FOLDER"],
+     "--out FULL_FOLDER is a folder, not a file"),
+    ("export", ["--run", "RUN", "--format", "litert", "--out", "PLAIN_FILE/x.tflite"],
+     "PLAIN_FILE is a file, not a folder"),
+    ("export", ["--run", "RUN", "--format", "keras-hub", "--out", "FULL_FOLDER"],
+     "--out FULL_FOLDER already holds files (notes.txt): pass another --out or remove it"),
+    ("export", ["--run", "RUN", "--format", "keras-hub", "--out", "PLAIN_FILE"],
+     "--out PLAIN_FILE is a file, not a folder"),
+    ("extract", ["--model", "MODEL", "--images", "IMAGES", "--out", "PLAIN_FILE"],
+     "--out PLAIN_FILE is a file, not a folder: pass another --out or remove it"),
+    ("extract", ["--model", "MODEL", "--images", "IMAGES", "--out", "FULL_FOLDER"],
+     "--out FULL_FOLDER already holds files (notes.txt): pass another --out or remove it"),
     ("extract", ["--model", "/no/such", "--images", "IMAGES", "--out", "ROOT/features"],
      "no SavedModel at /no/such"),
     ("extract", ["--model", "MODEL", "--images", "/no/such", "--out", "ROOT/features"],
@@ -148,6 +192,7 @@ def _files(folder):
 def test_a_bad_input_is_one_error_line_and_exit_status_2(command, arguments, words, places,
                                                          tmp_path, capsys):
     arguments = [_place(argument, places) for argument in arguments]
+    words = _place(words, places)
     new_run = str(tmp_path / "new_run")
     if command == "train":
         arguments += ["--run-dir", new_run, "--quiet"]
@@ -166,11 +211,136 @@ def test_a_bad_input_is_one_error_line_and_exit_status_2(command, arguments, wor
     assert _files(places["ROOT"]) == before  # nothing new beside the existing run
 
 
+@contextlib.contextmanager
+def tmpfs(path, options=""):
+    """A file system of its own at ``path`` (1 MB; ``options``: e.g. "ro"); skips where
+    mounting is refused."""
+    os.makedirs(path, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(filter(None, [
+        "size=1m", options])), "tmpfs", str(path)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield str(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(path):
+    """Write ``path`` until its disk is full."""
+    with open(path, "wb", buffering=0) as handle:
+        for chunk in (1 << 16, 1 << 10, 1):
+            try:
+                while True:
+                    handle.write(b"\0" * chunk)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+
+
+# Each format's output, and caco-extract's, on a disk of its own (DISK).
+OUTPUTS = [("export", ["--run", "RUN", "--out", "DISK/served"], "DISK/served/backbone/1"),
+           ("export", ["--run", "RUN", "--format", "onnx", "--out", "DISK/b.onnx"],
+            "DISK/b.onnx"),
+           ("export", ["--run", "RUN", "--format", "litert", "--out", "DISK/b.tflite"],
+            "DISK/b.tflite"),
+           ("export", ["--run", "RUN", "--format", "keras-hub", "--out", "DISK/preset"],
+            "DISK/preset"),
+           ("extract", ["--model", "MODEL", "--images", "IMAGES", "--out", "DISK/features"],
+            "DISK/features")]
+OUTPUT_IDS = ["saved_model", "onnx", "litert", "keras-hub", "extract"]
+
+
+def _run_command(command, arguments, places, capsys):
+    """(exit status, standard error's lines) of one command run in this process."""
+    try:
+        status = COMMANDS[command]([_place(argument, places) for argument in arguments])
+    except SystemExit as exit:
+        status = exit.code
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return status, [line for line in captured.err.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("command, arguments, target", OUTPUTS, ids=OUTPUT_IDS)
+def test_an_output_on_a_read_only_file_system_is_one_line_and_exit_status_74(
+        command, arguments, target, places, tmp_path, capsys):
+    """Refused before the model loads."""
+    with tmpfs(tmp_path / "disk", "ro") as disk:
+        places = dict(places, DISK=disk)
+        status, lines = _run_command(command, arguments, places, capsys)
+        assert status == 74, lines
+        assert lines == [f"error: cannot write {_place(target, places)}: Read-only file "
+                         f"system; make it writable or pass another --out"]
+
+
+@pytest.mark.parametrize("command, arguments, target", OUTPUTS, ids=OUTPUT_IDS)
+def test_an_output_on_a_full_disk_is_one_line_exit_status_74_and_nothing_left(
+        command, arguments, target, places, tmp_path, capsys):
+    """The write itself fails (TensorFlow's, tf2onnx's, h5py's, NumPy's): one line, and what
+    was written of the output is removed, so that the same command runs again once there is
+    space."""
+    with tmpfs(tmp_path / "disk") as disk:
+        fill(os.path.join(disk, "filler"))
+        places = dict(places, DISK=disk)
+        status, lines = _run_command(command, arguments, places, capsys)
+        assert status == 74, lines
+        assert lines == [f"error: cannot write {_place(target, places)}: No space left on "
+                         f"device; free space on its disk or pass another --out"]
+        assert os.listdir(disk) == ["filler"]
+
+
+def test_features_larger_than_their_disk_are_one_line_not_a_bus_error(places, tmp_path):
+    """The features go into memory maps: a page written where the disk has no room left is a
+    SIGBUS that kills the process, unless the maps' space is taken first (a real process)."""
+    np.savez(tmp_path / "many.npz", images=np.zeros((1500, 28, 28), np.uint8))  # 1.5 MB out
+    with tmpfs(tmp_path / "disk") as disk:
+        out = os.path.join(disk, "features")
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "export", "extract_features.py"), "--model",
+             places["MODEL"], "--npz", str(tmp_path / "many.npz"), "--out", out, "--quiet"],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert result.returncode == 74, result.stderr[-2000:]
+        assert result.stderr == (f"error: cannot write {out}: No space left on device; free "
+                                 f"space on its disk or pass another --out\n")
+        assert os.listdir(disk) == []
+
+
+NOT_ABOUT_THE_RUN = ("E0000 00:00:1733130000.123456   12345 onednn_ops_rewrite.cc:34] oneDNN "
+                     "supports DT_UINT8 only on platforms with AVX-512. Falling back to the "
+                     "default Eigen-based implementation if present.")
+
+
+def test_tensorflows_error_line_about_avx_512_is_start_up_noise_and_other_errors_are_not():
+    from caco_tf import cli
+
+    assert cli.is_noise(NOT_ABOUT_THE_RUN, gpu_machine=False)
+    for line in ("E0000 00:00:1733130000.123456   12345 onednn_ops_rewrite.cc:34] oneDNN "
+                 "failed to allocate a scratchpad",
+                 "E0000 00:00:1733130000.123456   12345 kernel.cc:9] DT_UINT8 images are "
+                 "not supported here"):
+        assert not cli.is_noise(line, gpu_machine=False), line
+
+
+def test_the_quiet_start_filters_the_avx_512_line_and_keeps_the_others():
+    """The line injected into a real process's standard error after ``cli.start``: this
+    machine's TensorFlow may not print it."""
+    other = "E0000 00:00:1733130000.5   12345 kernel.cc:9] a real error"
+    script = ("import os\nfrom caco_tf import cli\ncli.start([])\n"
+              f"os.write(2, {(NOT_ABOUT_THE_RUN + chr(10) + other + chr(10)).encode()!r})\n"
+              "cli.exit_after(lambda: 0)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, env=dict(env, PYTHONPATH=ROOT))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == other + "\n"
+
+
 def _place(argument, places):
-    """The argument with its placeholders (RUN, MODEL, ...) replaced by the fixture's paths."""
-    for name in sorted(places, key=len, reverse=True):
-        argument = argument.replace(name, places[name])
-    return argument
+    """The argument with its placeholders (RUN, MODEL, ...; whole words: RUN_DIR stays)
+    replaced by the fixture's paths."""
+    return re.sub(r"\b(" + "|".join(places) + r")\b", lambda found: places[found.group()],
+                  argument)
 
 
 def test_every_command_validates_the_whole_table():

@@ -152,3 +152,16 @@ def test_moco_v3s_checkpoint_imports_both_encoders_and_checks_its_positions(tmp_
                               *sum((["--set", s] for s in SMALL), [])]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "pos_embed is not the sine-cosine table" in error
+
+
+def test_a_vit_checkpoint_without_its_patch_embedding_is_one_line_naming_it(tmp_path, capsys):
+    """Its patch size and width are read from that tensor."""
+    state = {k: v for k, v in TorchViT().state_dict().items()
+             if not k.startswith("patch_embed.")}
+    path = str(tmp_path / "dino_pretrain.pth")
+    torch.save({"teacher": {f"backbone.{k}": v for k, v in state.items()}}, path)
+    assert import_torch.main([path, "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: the checkpoint lacks 'teacher.backbone.patch_embed.proj.weight', which a ViT "
+        "backbone needs (its patch size and width are read from it)")
+    assert not os.path.exists(tmp_path / "run")

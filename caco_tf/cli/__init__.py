@@ -35,6 +35,9 @@ STARTUP_NOISE = re.compile("|".join([
     r"cpu_feature_guard\.cc.*This TensorFlow binary is optimized",
     r"^To enable the following instructions: .*rebuild TensorFlow",
     r"oneDNN custom operations are on",
+    # Error-level, yet about the CPU only (no AVX-512, as AMD's): TensorFlow falls back, runs on.
+    r"oneDNN supports DT_UINT8 only on platforms with AVX-512\. Falling back to the default "
+    r"Eigen-based implementation",
     r"^To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`",
     r"Unable to register cu(DNN|FFT|BLAS) factory",
     r"computation placer already registered",

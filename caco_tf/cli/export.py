@@ -11,6 +11,11 @@ and ``litert`` write one file (default ``RUN/backbone.onnx`` / ``RUN/backbone.tf
 ``embedding.*`` for ``--output embedding``): uint8 [batch, S, S, C] in, the features (or
 embedding) out, ``caco_tf/serving/interop.py``; ``keras-hub`` a KerasHub preset directory
 (default ``RUN/keras_hub_preset``; the optional extra, ``caco_tf/serving/hub.py``).
+
+What exists is never replaced: an ``--out`` already holding the export (``backbone/N`` with
+files, a preset folder with files, the file), a file where a folder goes or a folder where a
+file goes are refused before the model loads (exit status 2); a write that fails (a read-only
+or full disk) is one line and exit status 74, and what it wrote is removed.
 """
 
 import os
@@ -50,6 +55,18 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def output_of(args, folder):
+    """Where the export goes: (the --out path, the folder written inside it, "folder" or
+    "file", the file name --out would take); ``folder``: the run's."""
+    if args.format == "saved_model":
+        return (args.out or os.path.join(folder, "saved_model"),
+                os.path.join("backbone", str(args.serving_version)), "folder", "")
+    if args.format == "keras-hub":
+        return args.out or os.path.join(folder, "keras_hub_preset"), "", "folder", ""
+    name = ("backbone" if args.output == "features" else "embedding") + SUFFIXES[args.format]
+    return args.out or os.path.join(folder, name), "", "file", name
+
+
 def main(argv=None):
     args = parse_args(argv)
     cli.start(["--verbose"] if args.verbose else [])
@@ -64,22 +81,18 @@ def main(argv=None):
                               f"{args.serving_version}")
         if not 0.0 < args.crop_fraction <= 1.0:
             raise ConfigError(f"--crop-fraction must be in (0, 1], got {args.crop_fraction}")
-        run = load_run(args.run)
         folder = (os.path.dirname(os.path.abspath(args.run)) if args.run.endswith(".keras")
                   else args.run)
-        model = run.model
+        out, inside, kind, name = output_of(args, folder)
+        # Before the model loads: a refused output costs nothing.
+        export.check_output(out, kind, inside=inside, example=name, other_choice=(
+            "--serving-version" if args.format == "saved_model" else ""))
+        model = load_run(args.run).model
         model.preprocessing = dict(model.preprocessing or {}, crop_fraction=args.crop_fraction)
-        if args.format == "keras-hub":
-            path = export.export_model(model, args.out or os.path.join(folder,
-                                                                       "keras_hub_preset"),
-                                       format="keras-hub")
-        elif args.format == "saved_model":
-            path = export.export_model(model, args.out or os.path.join(folder, "saved_model"),
-                                       serving_layout=True, version=args.serving_version)
-        else:
-            name = "backbone" if args.output == "features" else "embedding"
-            out = args.out or os.path.join(folder, name + SUFFIXES[args.format])
-            path = export.export_model(model, out, format=args.format, output=args.output)
+        with export.writing_output(out, inside=inside):
+            path = export.export_model(model, out, format=args.format,
+                                       serving_layout=args.format == "saved_model",
+                                       version=args.serving_version, output=args.output)
         print(f"{args.format}: {os.path.abspath(path)}")
         return 0
 

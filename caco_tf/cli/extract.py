@@ -6,7 +6,8 @@
         [--batch-size 256] [--signature serving_default|embed]
 
 Writes DIR/features.npy, DIR/labels.npy (class index, -1 when unlabelled), DIR/classes.json
-and DIR/paths.txt (one name per row).  ``--model`` may also be the folder holding numbered
+and DIR/paths.txt (one name per row); DIR must be new or empty (an earlier extraction is
+refused, not replaced).  ``--model`` may also be the folder holding numbered
 versions (the newest is used).  Image files that cannot be decoded are skipped with a warning.
 No keras and no training code are loaded: ``caco_tf/serving/extraction.py``.
 """
@@ -43,8 +44,7 @@ def main(argv=None):
     cli.start(["--verbose"] if args.verbose else [])
 
     def work():
-        from caco_tf.errors import ExtractionError
-        from caco_tf.serving import extraction
+        from caco_tf.serving import export, extraction
 
         if args.images:
             data = extraction.folder_source(args.images)
@@ -52,12 +52,11 @@ def main(argv=None):
             data = extraction.npz_source(args.npz)
         else:
             data = extraction.tfds_source(args.tfds)
+        export.check_output(args.out, "folder")  # before the model loads
         signature = extraction.load_signature(args.model, args.signature)
-        try:
+        with export.writing_output(args.out):
             result = extraction.extract(signature, data, args.out, batch_size=args.batch_size,
                                         progress=not args.quiet)
-        except OSError as error:  # the output folder
-            raise ExtractionError(f"cannot write to {args.out}: {error.strerror}") from None
         if result.skipped:
             names = ", ".join(result.skipped[:3]) + (", ..." if len(result.skipped) > 3 else "")
             print(f"warning: skipped {len(result.skipped)} unreadable image file(s): {names}",

@@ -134,7 +134,7 @@ def import_vit_checkpoint(args, vit_state, folder):
     if name == DEFAULT_CONFIG:  # --config not given: the method's own ViT recipe
         name = ("moco_v3_imagenet_vit_small" if prefix.startswith("state_dict.")
                 else "dino_imagenet_vit_small16")
-    backbone = torch_import.vit_preset_of(tensors)
+    backbone = torch_import.vit_preset_of(tensors, prefix)
     config = load_config(name, [f"model.backbone={backbone}", *args.set])
     model = build_model(config, steps_per_epoch=1)
     teachers = [layer for layer in (model.key_encoder.layers if model.key_encoder else [])

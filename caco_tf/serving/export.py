@@ -31,15 +31,24 @@ Beware: the binding *casts* a NumPy array of another dtype to uint8 without a ch
 normalized float NumPy input silently gives wrong features; send uint8 pixels.  Undecodable
 bytes fail in ``tf.io.decode_image`` ("Unknown image file format..." or the format's own
 decode error).
+
+Where a command writes (``caco-export``, ``caco-extract``): ``check_output`` refuses, before
+any work, an output that exists or a path of the wrong kind (exit status 2) and a read-only
+place (74); ``writing_output`` makes a write that fails one line (74) and removes what it wrote.
 """
 
+import contextlib
+import errno
 import os
+import shutil
 
 import tensorflow as tf
 
 from caco_tf.data import DEFAULT_CROP_FRACTION
 from caco_tf.data.images import decode_image, preprocess
+from caco_tf.errors import ConfigError
 from caco_tf.serving import FORMATS
+from caco_tf.training.run_folder import WriteError, is_write_failure
 
 
 def expected_images(channels):
@@ -212,3 +221,91 @@ def export_model(model, path, format="saved_model", serving_layout=False, versio
         return write(network, path, output=output, **arguments)
     raise ValueError(f"format must be one of {', '.join(FORMATS)} (or tf_saved_model), got "
                      f"{format!r}")
+
+
+# --- where a command writes its output -----------------------------------------------------------
+
+def check_output(out, kind, option="--out", inside="", other_choice="", example=""):
+    """Refuse, before any work, an output that a command (``caco-export``, ``caco-extract``)
+    must not write, naming its ``option``: a ``ConfigError`` (exit status 2) for a path to
+    change, a ``WriteError`` (74) for a place that cannot be written.
+
+    ``kind`` "folder": ``out/inside`` is written whole, so it must be absent or an empty
+    folder; "file": ``out`` must be absent (``example``: a file name to suggest when it is a
+    folder).  An existing export is refused, never replaced.  The folders above it must be
+    folders, the nearest existing one writable.  Returns nothing; writes nothing.
+    """
+    target = os.path.join(out, inside) if inside else out
+    named = f"{option} {target}" if target == out else target
+    instead = f"pass another {option}" + (f" or {other_choice}," if other_choice else "")
+    missing = _outermost_missing(target)
+    if missing is None and kind == "folder":
+        if not os.path.isdir(target):
+            raise ConfigError(f"{named} is a file, not a folder: {instead} or remove it")
+        held = sorted(os.listdir(target))
+        if held:
+            listed = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+            raise ConfigError(f"{named} already holds files ({listed}): {instead} or remove it")
+    elif missing is None:
+        if os.path.isdir(target):
+            raise ConfigError(f"{named} is a folder, not a file: pass a file's path (e.g. "
+                              f"{os.path.join(target, example or 'output')})")
+        raise ConfigError(f"{named} already exists: {instead} or remove it")
+    place = target if missing is None else os.path.dirname(missing)
+    if not os.path.isdir(place):
+        where = (f"{option} {out}" if place == os.path.abspath(out)
+                 else f"{option} {out}: {place}")
+        raise ConfigError(f"{where} is a file, not a folder: pass another {option} or remove it")
+    if not os.access(place, os.W_OK | os.X_OK):
+        code = errno.EROFS if os.statvfs(place).f_flag & os.ST_RDONLY else errno.EACCES
+        raise WriteError(f"cannot write {target}: {os.strerror(code)}; make it writable or "
+                         f"pass another {option}")
+
+
+@contextlib.contextmanager
+def writing_output(out, option="--out", inside=""):
+    """Around a command's write of ``out/inside`` (checked by ``check_output``): a write that
+    fails (a full disk, an I/O error; TensorFlow's, h5py's and Python's own) is one
+    ``WriteError`` line (exit status 74) naming ``option``, and what was written of it is
+    removed, so that the same command runs again once the disk is fixed."""
+    target = os.path.join(out, inside) if inside else out
+    missing = _outermost_missing(target)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        yield
+    except (OSError, RuntimeError, tf.errors.OpError) as error:
+        if not is_write_failure(error):
+            raise
+        if missing is not None:
+            _remove(missing)
+        elif os.path.isdir(target):  # an empty folder given: empty again
+            for name in os.listdir(target):
+                _remove(os.path.join(target, name))
+        code = getattr(error, "errno", None) or next(
+            (code for code in _ADVICE if os.strerror(code) in str(error)), None)
+        cause = os.strerror(code) if code else " ".join(str(error).split())
+        raise WriteError(f"cannot write {target}: {cause}; "
+                         f"{_ADVICE.get(code, 'check the disk')} or pass another {option}"
+                         ) from None
+
+
+_ADVICE = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space on its disk",
+           errno.EROFS: "make it writable", errno.EACCES: "make it writable",
+           errno.EPERM: "make it writable", errno.EIO: "check the disk"}
+
+
+def _outermost_missing(path):
+    """The outermost of ``path`` and its parent folders that does not exist, or None."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.lexists(path):
+        path, missing = os.path.dirname(path), path
+    return missing
+
+
+def _remove(path):
+    """Delete a file or a folder with what it holds, as far as it can be."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)

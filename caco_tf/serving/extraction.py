@@ -21,6 +21,7 @@ Only TensorFlow and NumPy are needed (tensorflow_datasets for TFDS): no keras, n
 """
 
 import collections
+import errno
 import json
 import os
 import sys
@@ -290,6 +291,19 @@ def _stream(model, source, batch_size, features, labels, paths, bar):
     return written, skipped
 
 
+def _reserve(path):
+    """Take the disk blocks of a memory-mapped file now: a full disk is then an ``OSError``
+    here, not a SIGBUS when a page of the map is first written."""
+    handle = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(handle, 0, os.fstat(handle).st_size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it
+            raise
+    finally:
+        os.close(handle)
+
+
 def extract(model, source, out_dir, signature="serving_default", batch_size=256,
             progress=True):
     """Write features, labels, classes and paths of ``source`` to ``out_dir``; see the module.
@@ -304,6 +318,8 @@ def extract(model, source, out_dir, signature="serving_default", batch_size=256,
     # Sized for every counted image; the rows of skipped files are cut off at the end.
     features = open_memmap(features_path, "w+", np.float32, (source.count, model.dim))
     labels = open_memmap(labels_path, "w+", np.int64, (source.count,))
+    _reserve(features_path)
+    _reserve(labels_path)
     with open(os.path.join(out_dir, "paths.txt"), "w") as paths:
         written, skipped = _stream(model, source, batch_size, features, labels, paths,
                                    Progress(source.count) if progress else None)

@@ -271,11 +271,19 @@ def vit_backbone_state(checkpoint):
     return None
 
 
-def vit_preset_of(tensors):
-    """The ``nets.vit`` preset the tensors fit (patch, width and blocks read from them)."""
+def vit_preset_of(tensors, shown_prefix=""):
+    """The ``nets.vit`` preset the tensors fit (patch, width and blocks read from them);
+    ``shown_prefix``: where they sit in the checkpoint, for the error messages."""
     from caco_tf.nets import vit
 
+    shown = shown_prefix + "patch_embed.proj.weight"
+    if "patch_embed.proj.weight" not in tensors:
+        raise CheckpointError(f"the checkpoint lacks {shown!r}, which a ViT backbone needs (its "
+                              f"patch size and width are read from it)")
     patch_weight = _to_numpy(tensors["patch_embed.proj.weight"])
+    if patch_weight.ndim != 4:
+        raise CheckpointError(f"{shown!r} has shape {patch_weight.shape}, expected [width, "
+                              f"channels, patch, patch]")
     width, patch = patch_weight.shape[0], patch_weight.shape[-1]
     depth = len({key.split(".")[1] for key in tensors if key.startswith("blocks.")})
     for name, shape in vit.VIT_PRESETS.items():
