@@ -23,3 +23,8 @@ class ExtractionError(UserError):
 class CheckpointError(UserError):
     """A PyTorch checkpoint that cannot be imported: unreadable, another architecture, a key
     missing or of the wrong shape."""
+
+
+class StateError(UserError):
+    """A file a command keeps its state in (a comparison's plan, a run's record) that cannot be
+    read: empty, cut short, not JSON; the message names it and what to do."""

@@ -83,7 +83,7 @@ def test_a_record_source_is_carved_by_its_labels_and_its_splits_train_and_evalua
         return [(int(tf.io.decode_png(item[0])[0, 0, 0]) - 1) // 10 for item, _ in dataset]
 
     order = numbers(source.ordered())
-    labels = runner.labels_of(source, spec, None)  # one pass over the records' labels
+    labels = runner.labels_of(source, spec, None)[0]  # one pass over the records' labels
     assert labels.tolist() == [n % 4 for n in order] and sorted(order) == list(range(24))
     carved = splits.carve(labels, None, 0.25, 0.25, 2, seed=0)
     part, tune = carved["tune"]
@@ -521,6 +521,25 @@ def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(t
     for plot in ("accuracy.png", "curves.png", "health.png"):
         assert (out / "report" / plot).stat().st_size > 1000
     assert second.stdout.strip().endswith(f"report: {out / 'report' / 'report.md'}")
+
+    # docs/compare.md's recovery: the plan, state, splits and finished runs' JSON copied into
+    # a new folder (no baselines, no checkpoints); the same command trains nothing and
+    # measures the baselines again, to the same figures.
+    restored = tmp_path / "restored"
+    for name in ("plan.json", "state.json"):
+        (restored / name).parent.mkdir(parents=True, exist_ok=True)
+        (restored / name).write_bytes((out / name).read_bytes())
+    for path in list(out.glob("splits/*.json")) + list(out.glob("runs/*/*/*/*.json")):
+        target = restored / path.relative_to(out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    third = launch.run(compare_command(folder, restored), cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert not any(": training" in line for line in third.stderr.splitlines()), third.stderr
+    for name, figure in (("pixels", pixels), ("untrained", untrained)):
+        again = json.loads((restored / "baselines" / f"{name}_knn.json").read_text())
+        assert again["top1"] == figure["top1"], name
 
 
 def free_port():

@@ -78,6 +78,10 @@ def parse_args(argv):
                         help="also put the report's test-split table, sentences and plots into "
                              "this Markdown page (between <!-- caco-compare:begin/end -->), "
                              "the whole report copied beside it in comparison/")
+    parser.add_argument("--chief-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="a worker of a comparison over machines (KERASTUNER_TUNER_ID="
+                             "tuner0, ...) gives up after this long without an answer from "
+                             "its chief (default 600)")
     cli.verbose_argument(parser)
     return parser.parse_args(argv)
 
@@ -87,11 +91,12 @@ def arguments_of(args):
     line for a bad one."""
     from caco_tf.comparison import runner, trials
     from caco_tf.config import ConfigError
+    from caco_tf.data import fingerprint
     from caco_tf.methods import METHODS
 
     every = trials.comparison_methods()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods \
-        else every
+    methods = ([m.strip() for m in args.methods.split(",") if m.strip()]
+               if args.methods is not None else every)
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ConfigError(f"--methods: unknown {', '.join(unknown) or '(none given)'}; "
@@ -99,6 +104,7 @@ def arguments_of(args):
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--methods names a method twice: {args.methods}")
     for name, value, low in (("--trials", args.trials, 1), ("--seeds", args.seeds, 1),
+                             ("--chief-timeout", args.chief_timeout, 1),
                              ("--few-labels", args.few_labels, 0),
                              ("--linear-epochs", args.linear_epochs, 1),
                              ("--seed", args.seed, 0)):
@@ -117,7 +123,10 @@ def arguments_of(args):
         ("train.epochs", args.epochs), ("train.batch_size", args.batch_size),
         ("data.image_size", args.image_size), ("model.backbone", args.backbone),
         ("data.views", args.views)) if value is not None] + list(args.set)
-    arguments = {"config": runner.config_argument(args.config), "data": args.data,
+    check_page(args.publish)
+    # The images as resolved here: a rerun from another folder names other images.
+    arguments = {"config": runner.config_argument(args.config),
+                 "data": fingerprint.resolved(args.data), "data_as_typed": args.data,
                  "labels": os.path.abspath(args.labels) if args.labels else None,
                  "settings": settings, "methods": methods, "trials": args.trials,
                  "seeds": args.seeds, "seed": args.seed, "few_labels": args.few_labels,
@@ -129,6 +138,21 @@ def arguments_of(args):
         raise ConfigError(f"--trials must be at most {most}: each method's search space holds "
                           f"{most} settings (docs/compare.md)")
     return arguments
+
+
+def check_page(page):
+    """``--publish PAGE.md`` names a page that can be written, before anything runs."""
+    from caco_tf.config import ConfigError
+
+    if page is None:
+        return
+    folder = os.path.dirname(os.path.abspath(page))
+    if os.path.isdir(page):
+        raise ConfigError(f"--publish {page} is a folder: name a Markdown page in it, e.g. "
+                          f"--publish {os.path.join(page, 'results.md')}")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--publish {page}: its folder {folder} does not exist; create it "
+                          f"or name a page in another folder")
 
 
 def stop_between_runs(signum, frame):
@@ -150,9 +174,21 @@ def main(argv=None):
         try:
             return compare(args, argv)
         except OSError as error:  # the comparison's own files (a run's are WriteErrors already)
-            raise run_folder.write_error(error, error.filename or args.out) from None
+            raise run_folder.write_error(error, error.filename or args.out,
+                                         flag=flag_of(error.filename, args)) from None
 
     return cli.guard(work)
+
+
+def flag_of(path, args):
+    """The option naming where ``path`` was written: ``--publish`` for the page and the report
+    copied beside it, else ``--out``."""
+    if args.publish and path:
+        beside = os.path.dirname(os.path.abspath(args.publish))
+        if os.path.abspath(path) == os.path.abspath(args.publish) or os.path.abspath(
+                path).startswith(os.path.join(beside, "comparison")):
+            return "--publish"
+    return "--out"
 
 
 def compare(args, argv):
@@ -163,20 +199,28 @@ def compare(args, argv):
         signal.signal(signum, stop_between_runs)
     # Many models in one process: TensorFlow's retracing notes say nothing to the user.
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    distribution = tuning.distribution()  # KerasTuner's variables, checked first
     arguments = arguments_of(args)
-    comparison = runner.Comparison(args.out)
+    comparison = runner.Comparison(args.out, tolerant=args.report_only)
     if args.report_only:
         if comparison.plan is None:
             from caco_tf.config import ConfigError
 
             raise ConfigError(f"{comparison.folder} holds no comparison yet")
         return write_report(comparison, report, args.publish)
-    if not tuning.is_chief():  # a worker of a comparison spread over machines
+    if distribution and not distribution.chief:  # a worker of a comparison over machines
+        tuning.wait_for_chief(distribution, args.chief_timeout, say=cli.say)
         tuning.wait_for_plan(comparison)
+        planned = comparison.plan["arguments"]
+        if args.data in (planned.get("data_as_typed"), planned["data"]):
+            arguments["data"] = planned["data"]  # the chief's images, wherever typed from
         comparison.start(arguments, "")  # refuses other arguments than the chief's
-        tuning.search(comparison, say=cli.say)
+        tuning.search(comparison, say=cli.say, timeout=args.chief_timeout)
         return 0
+    if distribution:
+        tuning.check_port_free(distribution)
     comparison.start(arguments, shlex.join(["caco-compare"] + list(argv)))
+    tuning.check_book(comparison)
     runner.calibrate(comparison, say=cli.say)
     cli.say(describe(comparison, runner.estimate_seconds(comparison)))
     if args.dry_run:

@@ -12,11 +12,11 @@ difference (same seed = same split and data order) and its 95 % interval
 import base64
 import datetime
 import html
-import json
 import math
 import os
 
 from caco_tf.comparison import runner
+from caco_tf.errors import ConfigError, StateError
 from caco_tf.evaluation import statistics
 from caco_tf.training import run_folder
 
@@ -39,12 +39,10 @@ def measured(comparison, key):
     run_dir = comparison.run_dir(key)
     figures = {}
     for name, _, file, field in PROTOCOLS:
-        path = os.path.join(run_dir, file)
-        if os.path.exists(path):
-            with open(path) as handle:
-                value = json.load(handle).get(field)
-            if value is not None:
-                figures[name] = float(value)
+        value = (comparison.read(os.path.join(run_dir, file), f"remove the folder {run_dir} "
+                                 f"to train and measure that run again") or {}).get(field)
+        if isinstance(value, (int, float)):
+            figures[name] = float(value)
     return figures
 
 
@@ -58,7 +56,16 @@ def measured_on(comparison):
 
 
 def history(comparison, key):
-    return run_folder.read_history(run_folder.RunFolder(comparison.run_dir(key)).history)
+    path = run_folder.RunFolder(comparison.run_dir(key)).history
+    try:
+        return run_folder.read_history(path)
+    except ValueError as error:
+        message = (f"{path} is damaged ({error}); remove the folder {comparison.run_dir(key)} "
+                   f"to train and measure that run again")
+        if comparison.damaged is None:
+            raise StateError(message) from None
+        comparison.damaged[message] = None  # the report says what it left out
+        return []
 
 
 def table_rows(comparison):
@@ -269,6 +276,9 @@ def document(comparison, plots):
             seeds += f" ({row['failed']} stopped itself)"
         body.append([method, chosen, seeds]
                     + cells + [health_cell])
+    if comparison.damaged:  # --report-only on a folder with damaged files: what is missing
+        blocks.append(("p", "**Not read** (damaged files; what they hold is left out):"))
+        blocks.append(("list", list(comparison.damaged)))
     blocks += [("h", 2, "The methods on the test split")]
     finals = [key for key, *_, final in comparison.runs() if final]
     ended = sum(runner.finished(comparison, key, final=True) for key in finals)
@@ -519,29 +529,56 @@ BEGIN, END = "<!-- caco-compare:begin -->", "<!-- caco-compare:end -->"
 
 def publish(comparison, report_folder, page_path):
     """Put the report's test-split part (``section``) into the Markdown page ``page_path``
-    between ``BEGIN`` and ``END`` (appended when the page has neither), the whole report and its
-    plots copied beside it in ``comparison/``: a page that quotes a comparison is rewritten from
-    it, never typed.  Returns that folder."""
+    between ``BEGIN`` and ``END``, each on a line of its own (appended when the page has
+    neither), the whole report and its plots copied beside it in ``comparison/``: a page that
+    quotes a comparison is rewritten from it, never typed.  Publishing the same report again
+    leaves the page as it was, byte for byte.  Returns that folder."""
     import shutil
 
+    try:
+        with open(page_path, encoding="utf-8") as handle:
+            page_text = handle.read()
+    except FileNotFoundError:
+        page_text = ""
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--publish {page_path} cannot be read as a Markdown page "
+                          f"({getattr(error, 'strerror', None) or error.reason}): name "
+                          f"another page") from None
+    before, after = split_page(page_text, page_path)  # refused before anything is written
     folder = os.path.join(os.path.dirname(os.path.abspath(page_path)), "comparison")
     os.makedirs(folder, exist_ok=True)
     for name in sorted(os.listdir(report_folder)):
         if name.endswith((".md", ".png")):
             shutil.copyfile(os.path.join(report_folder, name), os.path.join(folder, name))
     text = section(comparison, plots_for(table_rows(comparison)), page_path)
-    try:
-        with open(page_path) as handle:
-            page_text = handle.read()
-    except FileNotFoundError:
-        page_text = ""
-    if BEGIN in page_text and END in page_text:
-        page_text = (page_text[:page_text.index(BEGIN)] + text
-                     + page_text[page_text.index(END) + len(END):])
-    else:
+    if before is None:
         page_text = page_text.rstrip("\n") + ("\n\n" if page_text else "") + text + "\n"
+    else:
+        page_text = before + text + after
     run_folder.write_text_atomically(page_path, page_text)
     return folder
+
+
+def split_page(text, page_path):
+    """(what comes before the ``BEGIN`` line, what comes after the ``END`` line's marker) of
+    a page, or (None, None) when it has neither; markers quoted within a line of prose are
+    prose.  A marker without its partner, out of order or twice is one line."""
+    lines = text.splitlines(keepends=True)
+    found = {marker: [number for number, line in enumerate(lines) if line.strip() == marker]
+             for marker in (BEGIN, END)}
+    if not found[BEGIN] and not found[END]:
+        return None, None
+    begins, ends = found[BEGIN], found[END]
+    if len(begins) != 1 or len(ends) != 1 or begins[0] > ends[0]:
+        raise ConfigError(
+            f"--publish {page_path} has {len(begins)} {BEGIN} and {len(ends)} {END} line(s)"
+            + (", the end first" if len(begins) == len(ends) == 1 else "")
+            + ": it needs one of each, in that order, each on a line of its own (or neither: "
+              "the section is appended); mend the page")
+    first, last = begins[0], ends[0]
+    closing = lines[last]
+    return ("".join(lines[:first]),
+            closing[closing.index(END) + len(END):] + "".join(lines[last + 1:]))
 
 
 def section(comparison, plots, page_path):

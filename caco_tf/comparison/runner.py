@@ -26,8 +26,8 @@ from caco_tf import __version__
 from caco_tf.comparison import splits as splits_lib
 from caco_tf.comparison import trials as trials_lib
 from caco_tf.config import ConfigError, config_path, load_config
-from caco_tf.data import sources
-from caco_tf.errors import UserError
+from caco_tf.data import fingerprint, sources
+from caco_tf.errors import StateError, UserError
 from caco_tf.machine import machine, source_commit
 from caco_tf.training.run_folder import write_json_atomically
 
@@ -40,20 +40,34 @@ PLAN_KEYS = ("config", "data", "labels", "settings", "methods", "trials", "seeds
 class Comparison:
     """The folder of one comparison: ``plan.json``, ``state.json``, ``splits/``, ``runs/``."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, tolerant=False):
+        """``tolerant``: a damaged file is noted in ``damaged`` ({message: None}) and read as
+        absent (the report says what it could not read), instead of a ``StateError``."""
         self.folder = os.path.abspath(folder)
+        self.damaged = {} if tolerant else None
+        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise ConfigError(f"--out {folder} is a file: a comparison's folder is needed; "
+                              f"pass another --out")
         self.plan_path = os.path.join(self.folder, "plan.json")
         self.state_path = os.path.join(self.folder, "state.json")
-        self.plan, self.state = None, {}
-        if os.path.exists(self.state_path):
-            with open(self.state_path) as handle:
-                self.state = json.load(handle)
+        self.plan = None
+        self.state = self.read(self.state_path, "remove it: it holds only the calibration, "
+                                                "which is measured again") or {}
         self.read_plan()
 
+    def read(self, path, advice, kind=dict):
+        """``read_json``, or None for a damaged file when the comparison is ``tolerant``."""
+        try:
+            return read_json(path, advice, kind)
+        except StateError as error:
+            if self.damaged is None:
+                raise
+            self.damaged[str(error)] = None
+            return None
+
     def read_plan(self):
-        if os.path.exists(self.plan_path):
-            with open(self.plan_path) as handle:
-                self.plan = json.load(handle)
+        self.plan = read_json(self.plan_path, "restore it from a copy (docs/compare.md), or "
+                                              "choose another --out to start again")
         return self.plan
 
     def split(self, name):
@@ -65,11 +79,9 @@ class Comparison:
     def entry(self, key):
         """What was measured of run ``key`` (its folder's ``comparison.json``), read afresh:
         another machine may have measured it."""
-        path = os.path.join(self.run_dir(key), ENTRY)
-        if not os.path.exists(path):
-            return {}
-        with open(path) as handle:
-            return json.load(handle)
+        return self.read(os.path.join(self.run_dir(key), ENTRY),
+                         f"remove the folder {self.run_dir(key)} to train that run again, or "
+                         f"restore the file from a copy") or {}
 
     def save_entry(self, key, entry):
         os.makedirs(self.run_dir(key), exist_ok=True)
@@ -89,10 +101,14 @@ class Comparison:
                     f"{self.folder} holds a comparison with other {', '.join(changed)} "
                     f"({'; '.join(_difference(k, self.plan['arguments'], arguments) for k in changed)}): "
                     f"run its own command again (plan.json) or choose another --out")
+            self.check_source()
+            for key, *_ in self.runs():  # a damaged record is one line now, not hours later
+                self.entry(key)
             return self.plan
         os.makedirs(os.path.join(self.folder, "splits"), exist_ok=True)
         config = budget_config(arguments)
         methods = arguments["methods"]
+        pinned = source_fingerprint(arguments, config)
         counts = self._write_splits(arguments, config)
         fitted = {m: trials_lib.fitted_rows(m, config, counts["tune"]) for m in methods}
         drawn = {m: trials_lib.draw_trials(m, config, arguments["trials"], arguments["seed"])
@@ -106,6 +122,7 @@ class Comparison:
                               for m in methods},
             "trials": drawn, "fitted": fitted, "images": counts,
             "epochs": config["train"]["epochs"], "batch_size": config["train"]["batch_size"],
+            "source": pinned,
         }
         try:
             self.check()
@@ -115,17 +132,37 @@ class Comparison:
         write_json_atomically(self.plan_path, self.plan, indent=1)
         return self.plan
 
+    def check_source(self):
+        """The images are still those the plan was made on (its ``source`` fingerprint): a
+        rerun, or a worker on another machine, that would read others is refused."""
+        pinned = self.plan.get("source")
+        if pinned is None:  # a plan written before sources were pinned
+            return
+        arguments = self.plan["arguments"]
+        try:
+            now = source_fingerprint(arguments, budget_config(arguments))
+        except UserError as error:
+            raise sources.DataError(f"the images of the comparison in {self.folder} cannot be "
+                                    f"read here: {error}") from None
+        changed = fingerprint.changes(pinned, now)
+        if changed:
+            raise sources.DataError(
+                f"the images of {arguments['data']} changed since the comparison in "
+                f"{self.folder} was planned ({self.plan['created'][:10]}): {changed}; restore "
+                f"them, or compare these images in another --out")
+
     def _write_splits(self, arguments, config):
         settings = config["data"]
         train, held_out = sources.load_source(arguments["data"], settings["channels"],
                                               settings["data_dir"], settings["manual_dir"])
-        train_labels = labels_of(train, arguments["data"], arguments["labels"])
+        train_labels, class_names = labels_of(train, arguments["data"], arguments["labels"])
         held_out_labels = None  # a labels file labels the training images: the test is carved
         if held_out is not None and held_out.has_labels and not arguments["labels"]:
-            held_out_labels = labels_of(held_out, arguments["data"], None)
+            held_out_labels = labels_of(held_out, arguments["data"], None)[0]
         carved = splits_lib.carve(train_labels, held_out_labels,
                                   arguments["validation_fraction"], arguments["test_fraction"],
                                   arguments["few_labels"], arguments["seed"])
+        check_splits(carved, train_labels, held_out_labels, arguments, class_names)
         counts = {}
         for name, (part, positions) in carved.items():
             labels = None
@@ -210,6 +247,26 @@ class Comparison:
                         raise type(error)(f"{method}, trial {trial}: {error}") from None
 
 
+def read_json(path, advice, kind=dict):
+    """The JSON value of ``path`` (None when there is none), or a ``StateError`` line naming
+    the file, what is wrong with it and ``advice``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise StateError(f"cannot read {path}: {error.strerror}; {advice}") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        empty = os.path.getsize(path) == 0
+        raise StateError(f"{path} is damaged ({'empty' if empty else 'not whole JSON: ' + str(error).splitlines()[0]}); "
+                         f"{advice}") from None
+    if not isinstance(value, kind):
+        raise StateError(f"{path} is damaged (a JSON {type(value).__name__}, not the "
+                         f"{'object' if kind is dict else 'list'} caco-compare writes); {advice}")
+    return value
+
+
 def budget_config(arguments):
     """The shared budget on the user's images (a bad setting is one line, checked against
     their source, not the budget file's own), as the first compared method trains it (the
@@ -220,8 +277,47 @@ def budget_config(arguments):
                        + [f"data.source={arguments['data']}"])
 
 
+def source_fingerprint(arguments, config):
+    """``fingerprint.fingerprint`` of the comparison's images and labels file."""
+    data = config["data"]
+    return fingerprint.fingerprint(arguments["data"], arguments["labels"], data["channels"],
+                                   data["data_dir"], data["manual_dir"])
+
+
+# The splits a comparison measures, the fewest images of each class each must hold, and what
+# enlarges it.
+MEASURED_SPLITS = (("test", 2, "--test-fraction (or more images in the held-out folder)"),
+                   ("validation", 2, "--validation-fraction"),
+                   ("few_labels", 1, "--few-labels"))
+
+
+def check_splits(carved, train_labels, held_out_labels, arguments, class_names=()):
+    """Every split the comparison measures holds two classes or more, each with its minimum
+    of images (``MEASURED_SPLITS``): a report over one class says nothing (kNN 100 %, linear
+    0 %).  One line naming the split, its counts and what to change."""
+    names = {"train": np.asarray(train_labels),
+             "held_out": None if held_out_labels is None else np.asarray(held_out_labels)}
+    for split, least, option in MEASURED_SPLITS:
+        if split not in carved:
+            continue
+        part, positions = carved[split]
+        labels = names[part][positions]
+        classes, counts = np.unique(labels, return_counts=True)
+        least = min(least, arguments["few_labels"]) if split == "few_labels" else least
+        short = [(c, n) for c, n in zip(classes, counts) if n < least]
+        if len(positions) == 0 or len(classes) < 2 or short:
+            held = ", ".join(f"{_class_name(c, class_names)}: {n}"
+                             for c, n in zip(classes, counts)) or "no images"
+            raise sources.DataError(
+                f"the {split.replace('_', '-')} split would hold {len(positions)} image(s) of "
+                f"{len(classes)} class(es) ({held}): every split a comparison measures needs "
+                f"two classes or more with at least {least} image(s) each; add images of the "
+                f"smaller classes or raise {option}")
+
+
 def labels_of(source, spec, labels_file):
-    """The class index of every image of ``source`` (a ``DataError`` line without labels)."""
+    """(the class index of every image of ``source``, the classes' names or ()): a
+    ``DataError`` line without labels or with one class."""
     if labels_file:
         return read_labels_file(labels_file, source)
     if not source.has_labels:
@@ -232,27 +328,39 @@ def labels_of(source, spec, labels_file):
     labels = sources.class_indices(source)  # records: one pass over their labels
     if len(np.unique(labels)) < 2:
         raise sources.DataError(f"{spec} holds one class: a comparison needs two or more")
-    return labels
+    return labels, tuple(getattr(source, "class_names", ()) or ())
+
+
+def _class_name(index, names):
+    return repr(names[index]) if 0 <= index < len(names) else f"class {index}"
 
 
 def read_labels_file(path, source):
-    """Class indices of a folder source's images from ``path``: one ``relative/path,class``
-    line per image (classes by name, indexed in sorted order)."""
+    """(class indices of a folder source's images, the classes' names) from ``path``: one
+    ``relative/path,class`` line per image (classes by name, indexed in sorted order)."""
     import csv
 
     if not hasattr(source, "paths"):
         raise sources.DataError(f"--labels {path} labels the files of a folder source")
     try:
-        with open(path, newline="") as handle:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
             rows = [row for row in csv.reader(handle) if row and not row[0].startswith("#")]
     except OSError as error:
         raise sources.DataError(f"--labels {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise sources.DataError(f"--labels {path} is not UTF-8 text (byte "
+                                f"{error.object[error.start]:#04x} at offset {error.start}): "
+                                f"save it as UTF-8") from None
     if any(len(row) != 2 for row in rows):
         raise sources.DataError(f"--labels {path}: expected 'relative/path,class' lines")
     by_path = {os.path.normpath(p.strip()): c.strip() for p, c in rows}
     root = os.path.commonpath([str(p) for p in source.paths]) if len(source.paths) else ""
     root = root if os.path.isdir(root) else os.path.dirname(root)
     names = sorted(set(by_path.values()))
+    if len(names) < 2:
+        raise sources.DataError(f"--labels {path} names {len(names)} class(es) "
+                                f"({', '.join(names) or 'none'}): a comparison needs two or "
+                                f"more")
     labels, missing = [], []
     for file in source.paths:
         relative = os.path.normpath(os.path.relpath(str(file), root))
@@ -263,7 +371,7 @@ def read_labels_file(path, source):
     if missing:
         raise sources.DataError(f"--labels {path} has no line for {len(missing)} image(s), "
                                 f"e.g. {missing[0]}: every image needs its class")
-    return np.asarray(labels, np.int64)
+    return np.asarray(labels, np.int64), tuple(names)
 
 
 def _difference(key, old, new):
@@ -387,20 +495,21 @@ def baseline_path(comparison, name):
 def measure_baselines(comparison, say=print):
     """kNN top-1 of the raw pixels and of the untrained network (seeded by the comparison's
     seed) on the test split, at the budget's image size and kNN settings: what a method has to
-    beat to be worth its training on these images.  Taken through the first final run that
-    trained (its configuration and data); each once."""
+    beat to be worth its training on these images.  Built from the budget as the first method's
+    final runs train it (no run folder is read: a comparison restored from its JSON files
+    measures them again); each once, after a final run has been measured."""
     from caco_tf.evaluation import protocols
 
-    trained = [key for key, *_, final in comparison.runs()
-               if final and os.path.exists(os.path.join(comparison.run_dir(key), "results.json"))]
-    if not trained:
+    if not any("knn_top1" in comparison.entry(key)
+               for key, *_, final in comparison.runs() if final):
         return {}
+    seed = comparison.plan["arguments"]["seed"]
+    config = comparison.config(comparison.plan["arguments"]["methods"][0], 0, seed, True)
     for name in BASELINES:
         path = baseline_path(comparison, name)
         if os.path.exists(path):
             continue
-        result = protocols.evaluate("knn", run=comparison.run_dir(trained[0]), baseline=name,
-                                    seed=comparison.plan["arguments"]["seed"])
+        result = protocols.evaluate("knn", config=config, baseline=name, seed=seed)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json_atomically(path, result, indent=1)
         say(f"baseline {name}: test kNN {result['top1']:.1f}%")
@@ -412,9 +521,10 @@ def baselines(comparison):
     found = {}
     for name in BASELINES:
         path = baseline_path(comparison, name)
-        if os.path.exists(path):
-            with open(path) as handle:
-                found[name] = float(json.load(handle)["top1"])
+        result = comparison.read(path, f"remove it: the command measures the {name} "
+                                       f"baseline again")
+        if result is not None and "top1" in result:
+            found[name] = float(result["top1"])
     return found
 
 

@@ -141,7 +141,7 @@ def l2_setting(text, augment):
 
 
 def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, k=None,
-             temperature=None, **linear_settings):
+             temperature=None, config=None, **linear_settings):
     """Run ``protocol`` (``knn`` or ``linear``) on a frozen backbone; returns the result dict
     (also what ``caco-evaluate``'s JSON holds).
 
@@ -149,18 +149,20 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
     ``held_out``: labelled sources instead of the run's own (``load_labelled_data``);
     ``baseline``: "" (the run's trained backbone), "pixels" (raw pixels; ``run`` optional) or
     "untrained" (the run's network with fresh weights seeded by ``seed``); ``k``,
-    ``temperature``: the kNN's (default: the run's ``evaluation`` settings); the rest:
-    ``linear.linear_evaluation``'s arguments.
+    ``temperature``: the kNN's (default: the run's ``evaluation`` settings); ``config``: a
+    run's configuration in place of ``run`` for a baseline (nothing trained is read); the
+    rest: ``linear.linear_evaluation``'s arguments.
     """
-    if run is None and baseline != "pixels":
+    if run is None and config is None and baseline != "pixels":
         raise ConfigError("--run RUN_DIR is required (or --pixels for the raw-pixel baseline)")
     if held_out and not RULES["data.held_out"].check(held_out):
         raise ConfigError(f"--held-out must be {RULES['data.held_out'].allowed}, got "
                           f"{held_out!r}")
+    given = config is not None
     loaded = load_run(run) if run else None
-    config = loaded.config if loaded else DEFAULTS
+    config = loaded.config if loaded else (config if given else DEFAULTS)
     labelled = load_labelled_data(data, config, held_out)
-    if loaded is None and isinstance(labelled.train, ArraySource):
+    if loaded is None and not given and isinstance(labelled.train, ArraySource):
         # No run to take a size from: the images' own side, not the defaults' 28 px.
         config = {**config, "data": {**config["data"],
                                      "image_size": int(labelled.train.images.shape[1])}}
@@ -170,8 +172,8 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
         backbone, encoder = linear.pixels_backbone(preprocessing), "raw pixels"
     elif baseline == "untrained":
         backbone = untrained_backbone(config, seed)
-        encoder = (f"untrained {config['model']['backbone']} (seed {seed}) of "
-                   f"{os.path.abspath(run)}")
+        encoder = (f"untrained {config['model']['backbone']} (seed {seed})"
+                   + (f" of {os.path.abspath(run)}" if run else ""))
     else:
         backbone, encoder = loaded.model.backbone, os.path.abspath(run)
     if protocol == "knn":
