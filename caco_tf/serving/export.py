@@ -48,7 +48,7 @@ from caco_tf.data import DEFAULT_CROP_FRACTION
 from caco_tf.data.images import decode_image, preprocess
 from caco_tf.errors import ConfigError
 from caco_tf.serving import FORMATS
-from caco_tf.training.run_folder import WriteError, is_write_failure
+from caco_tf.training.run_folder import WriteError, errno_in, is_write_failure, write_advice
 
 
 def expected_images(channels):
@@ -281,17 +281,10 @@ def writing_output(out, option="--out", inside=""):
         elif os.path.isdir(target):  # an empty folder given: empty again
             for name in os.listdir(target):
                 _remove(os.path.join(target, name))
-        code = getattr(error, "errno", None) or next(
-            (code for code in _ADVICE if os.strerror(code) in str(error)), None)
+        code = getattr(error, "errno", None) or errno_in(error)
         cause = os.strerror(code) if code else " ".join(str(error).split())
-        raise WriteError(f"cannot write {target}: {cause}; "
-                         f"{_ADVICE.get(code, 'check the disk')} or pass another {option}"
-                         ) from None
-
-
-_ADVICE = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space on its disk",
-           errno.EROFS: "make it writable", errno.EACCES: "make it writable",
-           errno.EPERM: "make it writable", errno.EIO: "check the disk"}
+        raise WriteError(f"cannot write {target}: {cause}; {write_advice(code, 'it')} or pass "
+                         f"another {option}") from None
 
 
 def _outermost_missing(path):

@@ -359,13 +359,16 @@ def _failure(error, path):
     code = getattr(error, "errno", None)
     cause = getattr(error, "strerror", None) if code else None
     if code is None:  # h5py and TensorFlow write the errno into their message
-        code = _errno_in(error)
+        code = errno_in(error)
         cause = os.strerror(code) if code else str(error)
-    advice = {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space on its disk",
-              errno.EROFS: "make the run folder writable", errno.EACCES:
-              "make the run folder writable", errno.EPERM: "make the run folder writable",
-              errno.EIO: "check the disk"}.get(code, "check the disk")
-    return getattr(error, "filename", None) or path, cause, advice
+    return getattr(error, "filename", None) or path, cause, write_advice(code)
+
+
+def write_advice(code, place="the run folder"):
+    """What to do about a write that failed with errno ``code`` in ``place``."""
+    return {errno.ENOSPC: "free space on its disk", errno.EDQUOT: "free space on its disk",
+            errno.EROFS: f"make {place} writable", errno.EACCES: f"make {place} writable",
+            errno.EPERM: f"make {place} writable"}.get(code, "check the disk")
 
 
 def _write_message(path, cause, advice, kept=None, flag="--run-dir"):
@@ -377,10 +380,10 @@ def _write_message(path, cause, advice, kept=None, flag="--run-dir"):
 def is_write_failure(error):
     """Whether an exception is a failed write: an ``OSError``, or h5py's ``RuntimeError``
     carrying an errno."""
-    return isinstance(error, OSError) or _errno_in(error) is not None
+    return isinstance(error, OSError) or errno_in(error) is not None
 
 
-def _errno_in(error):
+def errno_in(error):
     """The errno that h5py and TensorFlow write into their messages ("errno = 28", or its
     words: "No space left on device"), or None."""
     found = re.search(r"errno = (\d+)", str(error))
