@@ -183,21 +183,30 @@ def rows_of(figures):
             for m, values in figures.items()}
 
 
-def test_a_ranking_sentence_needs_a_paired_interval_that_excludes_zero():
+def test_a_ranking_sentence_needs_a_paired_test_that_survives_holms_correction():
     rows = rows_of({"a": [90.0, 91.0, 92.0], "b": [89.0, 89.9, 91.1], "c": [80.0, 95.0, 91.0]})
     said = report.sentences(rows, "knn_top1", "kNN top-1")
-    # a - b = 1.0, 1.1, 0.9: mean 1.0, t interval 1.0 ± 4.303·0.1/√3 (closed form)
-    half = 4.302652729911275 * 0.1 / np.sqrt(3)
-    assert f"a above b: +1.0 points [{1 - half:+.2f}, {1 + half:+.2f}]" in said[1]
+    # a - b = 1.0, 1.1, 0.9: mean 1.0, t interval 1.0 ± 4.303·0.1/√3, t = 10√3, two-sided p
+    # 1 - t / √(2 + t²) with 2 degrees of freedom (closed form); the smallest of the family's 3
+    # p values, so Holm multiplies it by 3.
+    half, t = 4.302652729911275 * 0.1 / np.sqrt(3), 10 * np.sqrt(3)
+    p = 1 - t / np.sqrt(2 + t * t)
+    assert said[1] == (f"a above b: +1.0 points, uncorrected 95 % interval [{1 - half:+.2f}, "
+                       f"{1 + half:+.2f}], p {p:.3f}, Holm-adjusted p {3 * p:.3f} (3 paired "
+                       f"seeds).")
     assert "no difference measured between a and c" in said[2]
-    assert said[0] == ("On kNN top-1, a has the highest mean; it is above b by a paired "
-                       "interval that excludes 0, and not distinguishable from c.")
+    assert said[0] == ("On kNN top-1, a has the highest mean; after Holm's correction over the "
+                       "3 pairs it is above b, and not distinguishable from c.")
+    # In a family of 10 pairs, the same p is the third smallest: Holm multiplies it by 8.
+    rows.update(rows_of({"d": [10.0, 30.0, 20.0], "e": [12.0, 33.0, 19.0]}))
+    noisy = report.sentences(rows, "knn_top1", "kNN top-1")
+    assert f"p {p:.3f}, Holm-adjusted p {8 * p:.3f} (3 paired seeds)." in noisy[1]
     assert report.sentences(rows_of({"a": [1.0, 2.0]}), "knn_top1", "kNN") == []
     # Methods with one seed so far: one sentence for them, not "not distinguishable".
+    rows = rows_of({"a": [90.0, 91.0, 92.0], "b": [89.0, 89.9, 91.1], "c": [80.0, 95.0, 91.0]})
     rows.update(rows_of({"d": [50.0], "e": [40.0]}))
     said = report.sentences(rows, "knn_top1", "kNN top-1")
-    assert said[0].endswith("above b by a paired interval that excludes 0, and not "
-                            "distinguishable from c.")
+    assert said[0].endswith("over the 3 pairs it is above b, and not distinguishable from c.")
     assert said[-1] == "a against d, e: fewer than two common seeds, nothing measured."
 
 
@@ -299,9 +308,9 @@ def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
         os.path.join(folder, "report.md")).read()
 
 
-def test_the_report_sets_each_method_against_the_raw_pixels_by_its_interval(tmp_path):
-    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
-                                                  "byol": [85.0, 86.0, 86.5],
+def test_the_report_sets_each_method_against_the_raw_pixels_after_holms_correction(tmp_path):
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 90.5, 91.0],
+                                                  "byol": [85.0, 85.2, 85.4],
                                                   "dino": [80.0, 90.0, 95.0]})
     assert runner.baselines(comparison) == {}  # none measured: the report says nothing of them
     assert "Without pre-training" not in open(
@@ -311,10 +320,12 @@ def test_the_report_sets_each_method_against_the_raw_pixels_by_its_interval(tmp_
         with open(os.path.join(comparison.folder, "baselines", f"{name}_knn.json"), "w") as f:
             json.dump({"protocol": "knn", "top1": figure}, f)
     text = open(os.path.join(report.write(comparison), "report.md")).read()
-    # caco 91.0 [88.52, 93.48] lies above 88; byol's high end 87.7 below; dino's holds it.
+    # Against 88: caco's t = 2.5 / (0.5 / √3), p = 0.013, byol's p = 0.002, dino's 0.95; Holm
+    # over the 3 methods: 0.005, 0.026 (below 0.05), 0.95.
     assert ("Without pre-training, on the same test split (kNN top-1): the raw pixels 88.0 %; "
-            "the untrained network 40.0 %. On the kNN top-1, above the raw pixels by their 95 % "
-            "interval: caco; below them: byol; not told apart from them: dino.") in text
+            "the untrained network 40.0 %. On the kNN top-1, above the raw pixels (t-test over "
+            "seeds, Holm over the 3 methods at 0.05): caco; below them: byol; not told apart "
+            "from them: dino.") in text
     os.remove(os.path.join(comparison.run_dir("final/dino/seed1"), "results.json"))
     os.remove(os.path.join(comparison.run_dir("final/dino/seed2"), "results.json"))
     assert report.against_baselines(report.table_rows(comparison), {"pixels": 88.0}).endswith(
@@ -608,15 +619,36 @@ def test_runs_spread_over_two_workers_a_killed_one_resumes_its_run(tmp_path):
     assert (out / "report" / "report.md").exists()
 
 
-def test_every_pair_that_a_paired_interval_tells_apart():
+def test_eight_identical_methods_are_told_apart_in_at_most_5_percent_of_draws():
+    """The family-wise error of the report's claims: 8 methods of one distribution, with a
+    shared seed effect (the same split and data order for a seed), 200 simulated comparisons of
+    3 seeds; any pair told apart is a false claim."""
+    rng = np.random.default_rng(0)
+    false_claims, uncorrected = 0, 0
+    for _ in range(200):
+        seed_effect = rng.normal(0.0, 3.0, 3)
+        figures = {f"m{i}": list(80.0 + seed_effect + rng.normal(0.0, 2.0, 3)) for i in range(8)}
+        rows = rows_of(figures)
+        false_claims += bool(report.every_pair(rows, "knn_top1")[0])
+        uncorrected += bool(report.uncorrected_count(rows, "knn_top1"))
+    assert false_claims <= 10, false_claims  # at least 95 % of the draws claim nothing
+    assert uncorrected > 60  # what the uncorrected intervals would have claimed
+
+
+def test_every_pair_told_apart_after_holms_correction():
     rows = rows_of({"a": [90.0, 91.0, 92.0], "b": [89.0, 89.9, 91.1], "c": [88.8, 89.8, 90.8]})
     apart, untold, unmeasured = report.every_pair(rows, "knn_top1")
-    # a - c = 1.2 on every seed: an interval of no width; b - c = 0.2, 0.1, 0.3: mean 0.2 ±
-    # 4.303 · 0.1 / √3 = 0.25, which holds 0
-    assert apart == ["a above b: +1.0 points [+0.75, +1.25] (3 paired seeds)",
-                     "a above c: +1.2 points [+1.20, +1.20] (3 paired seeds) (the same "
-                     "difference on every seed: an interval of no width)"]
+    # a - c = 1.2 on every seed: p 0, an interval of no width; a - b: p 0.0033 (t = 10√3),
+    # times 2 by Holm's second step; b - c = 0.2, 0.1, 0.3: t = 2√3, p 0.074, not apart.
+    t = 10 * np.sqrt(3)
+    p = 1 - t / np.sqrt(2 + t * t)
+    assert apart == ["a above c: +1.2 points, uncorrected 95 % interval [+1.20, +1.20], p < "
+                     "0.001, Holm-adjusted p < 0.001 (3 paired seeds) (the same difference on "
+                     "every seed: an interval of no width)",
+                     f"a above b: +1.0 points, uncorrected 95 % interval [+0.75, +1.25], p "
+                     f"{p:.3f}, Holm-adjusted p {2 * p:.3f} (3 paired seeds)"]
     assert (untold, unmeasured) == (1, 0)
+    assert report.uncorrected_count(rows, "knn_top1") == 2
     rows["d"] = {"seeds": {0: {"knn_top1": 99.0}}}  # one seed: paired with none, not "untold"
     assert report.every_pair(rows, "knn_top1")[1:] == (1, 3)
 
@@ -685,3 +717,17 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_file(tmp_path):
             with open(os.path.join(disk, "c", "splits", name)) as handle:
                 json.load(handle)  # whole, or absent
         assert not os.path.exists(os.path.join(disk, "c", "plan.json"))
+
+
+def test_a_collapse_or_not_outcome_is_shown_per_seed_not_as_an_interval():
+    healthy = [(10.0, -2.0, False)] * 3
+    row = {"seeds": {0: {"knn_top1": 38.8}, 1: {"knn_top1": 33.2}, 2: {"knn_top1": 10.6}},
+           "health": healthy}
+    assert report.bimodal(row, chance=10.0) == "1 of 3 seeds at chance (10 %)"
+    assert report.per_seed_text(row, "knn_top1", "x") == "per seed: 38.8 · 33.2 · 10.6 (x)"
+    assert report.bimodal(row) == ""  # chance unknown, no warnings
+    row["health"] = [(10.0, -2.0, True), (10.0, -2.0, False), (10.0, -2.0, False)]
+    assert report.bimodal(row) == "collapse warned on 1 of 3 seeds"
+    row["health"] = [(10.0, -2.0, True)] * 3  # collapsed on every seed: one outcome
+    assert report.bimodal(row) == "" and report.bimodal(
+        {"seeds": {0: {"knn_top1": 80.0}, 1: {"knn_top1": 82.0}}, "health": []}, 10.0) == ""

@@ -61,3 +61,42 @@ def test_an_accuracys_standard_error_is_the_binomial_one():
     assert statistics.accuracy_standard_error(100.0, 10) == 0.0
     with pytest.raises(ValueError, match="in \\[0, 100\\] % on at least one image, not 101"):
         statistics.accuracy_standard_error(101.0, 10)
+
+
+def t2_quantile(q):
+    """Student's t quantile with 2 degrees of freedom, in closed form."""
+    return (2 * q - 1) / math.sqrt(2 * q * (1 - q))
+
+
+def test_the_paired_p_is_the_two_sided_t_test_in_closed_form():
+    # Differences 1, 2, 3: mean 2, sd 1, t = 2 sqrt(3); with 2 degrees of freedom the two-sided
+    # p is 1 - |t| / sqrt(2 + t^2).
+    t = 2 * math.sqrt(3)
+    assert statistics.paired_p_value([11, 12, 13], [10, 10, 10]) == pytest.approx(
+        1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    assert statistics.paired_p_value([5, 6], [4, 5]) == 0.0  # equal differences: no spread
+    assert statistics.paired_p_value([5, 6], [5, 6]) == 1.0
+    with pytest.raises(ValueError, match="two seeds"):
+        statistics.paired_p_value([1.0], [2.0])
+
+
+def test_holm_is_statsmodels_multipletests_on_fixed_numbers():
+    from statsmodels.stats.multitest import multipletests
+
+    p = [0.01, 0.04, 0.03, 0.005, 0.2, 0.04, 0.5, 0.0001]
+    expected = multipletests(p, alpha=0.05, method="holm")[1]
+    assert statistics.holm(p) == pytest.approx(list(expected), rel=1e-12)
+    # By hand: sorted 0.0001, 0.005, 0.01, 0.03, 0.04, 0.04, 0.2, 0.5 times 8, 7, ..., 1.
+    assert statistics.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert statistics.holm([]) == [] and statistics.holm([0.7]) == [0.7]
+
+
+def test_the_resolvable_difference_is_the_t_quantiles_sum_in_closed_form():
+    # Three seeds (2 degrees of freedom), 66 pairs: level 0.05 / 132, power 0.8.
+    level = 0.05 / (2 * 66)
+    expected = (t2_quantile(1 - level) + t2_quantile(0.8)) * 1.5 / math.sqrt(3)
+    assert statistics.resolvable_difference(1.5, 3, pairs=66) == pytest.approx(expected, rel=1e-9)
+    assert statistics.resolvable_difference(1.5, 1) == math.inf
+    needed = statistics.seeds_to_resolve(2.0, 1.5, pairs=66)
+    assert statistics.resolvable_difference(1.5, needed, pairs=66) <= 2.0 < \
+        statistics.resolvable_difference(1.5, needed - 1, pairs=66)

@@ -10,6 +10,7 @@ difference (same seed = same split and data order) and its 95 % interval
 """
 
 import base64
+import collections
 import datetime
 import html
 import math
@@ -91,6 +92,31 @@ def table_rows(comparison):
 
 
 # ---------------------------------------------------------------------- statistics
+# A seed this close to chance (points) has collapsed, whatever the warnings said.
+NEAR_CHANCE = 5.0
+
+
+def bimodal(row, chance=None):
+    """Why a method's seeds are collapse-or-not (some collapsed, some not: a t interval over
+    them describes neither), or "": collapse warned on some seeds only, or the kNN of some
+    seeds within ``NEAR_CHANCE`` points of chance and of others not."""
+    warned = [h[2] for h in row["health"]]
+    if any(warned) and not all(warned):
+        return f"collapse warned on {sum(warned)} of {len(warned)} seeds"
+    if chance is not None:
+        knn = [f["knn_top1"] for f in row["seeds"].values() if "knn_top1" in f]
+        low = sum(v <= chance + NEAR_CHANCE for v in knn)
+        if 0 < low < len(knn):
+            return f"{low} of {len(knn)} seeds at chance ({chance:.0f} %)"
+    return ""
+
+
+def per_seed_text(row, metric, why):
+    values = [f"{row['seeds'][s][metric]:.1f}" for s in sorted(row["seeds"])
+              if metric in row["seeds"][s]]
+    return f"per seed: {' · '.join(values)} ({why})" if values else "–"
+
+
 def interval_text(values, digits=1):
     if not values:
         return "–"
@@ -100,17 +126,54 @@ def interval_text(values, digits=1):
     return f"{found.mean:.{digits}f} [{found.low:.{digits}f}, {found.high:.{digits}f}]"
 
 
+# The family-wise error level of the report's claims: Holm's step-down over each protocol's
+# pairs keeps the chance of any false "A above B" among them below it.
+ALPHA = 0.05
+Pair = collections.namedtuple("Pair", "better worse difference seeds p adjusted apart")
+
+
+def common_seeds(rows, metric, a, b):
+    return [s for s in sorted(set(rows[a]["seeds"]) & set(rows[b]["seeds"]))
+            if metric in rows[a]["seeds"][s] and metric in rows[b]["seeds"][s]]
+
+
 def paired(rows, metric, a, b):
-    """The paired comparison of methods ``a`` and ``b`` on ``metric`` over their common seeds,
-    or None below two."""
-    common = sorted(set(rows[a]["seeds"]) & set(rows[b]["seeds"]))
-    common = [s for s in common if metric in rows[a]["seeds"][s]
-              and metric in rows[b]["seeds"][s]]
+    """The paired comparison of methods ``a`` and ``b`` on ``metric`` over their common seeds
+    (an uncorrected interval), or None below two."""
+    common = common_seeds(rows, metric, a, b)
     if len(common) < 2:
         return None
     return statistics.paired_comparison([rows[a]["seeds"][s][metric] for s in common],
                                         [rows[b]["seeds"][s][metric] for s in common],
                                         names=(a, b)), len(common)
+
+
+def pairs(rows, metric, alpha=ALPHA):
+    """([``Pair``] of every pair of methods with two common seeds or more, the better mean
+    first, its difference's uncorrected 95 % interval, paired t-test p and Holm-adjusted p over
+    all of them; told apart when the adjusted p is below ``alpha``), the number of pairs with
+    fewer common seeds (nothing measured)."""
+    methods = ranking(rows, metric)
+    found, unmeasured = [], 0
+    for place, a in enumerate(methods):
+        for b in methods[place + 1:]:
+            common = common_seeds(rows, metric, a, b)
+            if len(common) < 2:
+                unmeasured += 1
+                continue
+            first, second = ([rows[m]["seeds"][s][metric] for s in common] for m in (a, b))
+            difference = statistics.mean_interval([x - y for x, y in zip(first, second)])
+            if difference.mean < 0:  # the better over the seeds both measured first
+                a_, b_ = b, a
+                difference = statistics.Interval(-difference.mean, -difference.high,
+                                                 -difference.low, difference.count)
+            else:
+                a_, b_ = a, b
+            found.append((a_, b_, difference, len(common),
+                          statistics.paired_p_value(first, second)))
+    adjusted = statistics.holm([p for *_, p in found])
+    return [Pair(a, b, d, n, p, q, q < alpha)
+            for (a, b, d, n, p), q in zip(found, adjusted)], unmeasured
 
 
 def ranking(rows, metric):
@@ -122,32 +185,45 @@ def ranking(rows, metric):
     return sorted(means, key=lambda m: -means[m])
 
 
+def pair_text(pair):
+    """One pair in words: its difference, uncorrected interval, p and adjusted p."""
+    d = pair.difference
+    return (f"{d.mean:+.1f} points, uncorrected 95 % interval [{d.low:+.2f}, {d.high:+.2f}], "
+            f"p {p_text(pair.p)}, Holm-adjusted p {p_text(pair.adjusted)} ({pair.seeds} "
+            f"paired seeds)")
+
+
+def p_text(p):
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def sentences(rows, metric, title):
-    """The ranking on ``metric`` in words, every claim backed by its paired interval."""
+    """The ranking on ``metric`` in words: the best mean against each other method, each
+    claim told apart only after Holm's correction over the protocol's every pair."""
     order = ranking(rows, metric)
     if len(order) < 2:
         return []
     best = order[0]
-    said, above, unmeasured = [], [], []
+    family, _ = pairs(rows, metric)
+    by_other = {(p.worse if p.better == best else p.better): p for p in family
+                if best in (p.better, p.worse)}
+    said, above, tied, unmeasured = [], [], [], []
     for other in order[1:]:
-        found = paired(rows, metric, best, other)
-        if found is None:
+        pair = by_other.get(other)
+        if pair is None:
             unmeasured.append(other)
             continue
-        result, count = found
-        d = result.difference
-        if result.verdict == f"{best} above {other}":
-            above.append(other)
-        words = (f"{best} above {other}" if result.verdict == f"{best} above {other}"
-                 else f"{other} above {best}" if result.verdict != statistics.NO_DIFFERENCE
-                 else f"no difference measured between {best} and {other}")
-        said.append(f"{words}: {d.mean:+.1f} points [{d.low:+.2f}, {d.high:+.2f}] "
-                    f"({count} paired seeds).")
-    summary = (f"On {title}, {best} has the highest mean; it is above "
-               f"{', '.join(above)} by a paired interval that excludes 0"
-               if above else f"On {title}, {best} has the highest mean, but no paired interval "
-               f"sets it above any other method")
-    tied = [o for o in order[1:] if o not in above and o not in unmeasured]
+        if pair.apart:
+            (above if pair.better == best else []).append(other)
+            words = f"{pair.better} above {pair.worse}"
+        else:
+            tied.append(other)
+            words = f"no difference measured between {best} and {other}"
+        said.append(f"{words}: {pair_text(pair)}.")
+    summary = (f"On {title}, {best} has the highest mean; after Holm's correction over the "
+               f"{len(family)} pairs it is above {', '.join(above)}" if above else
+               f"On {title}, {best} has the highest mean, but after Holm's correction over the "
+               f"{len(family)} pairs no paired test sets it above any other method")
     if above and tied:
         summary += f", and not distinguishable from {', '.join(tied)}"
     if unmeasured:
@@ -157,29 +233,63 @@ def sentences(rows, metric, title):
 
 
 def every_pair(rows, metric):
-    """The pairs a paired interval tells apart on ``metric`` (one sentence each, the better
-    first), the number of pairs it does not, and of pairs with fewer than two common seeds
+    """The pairs told apart on ``metric`` after Holm's correction (one sentence each, the better
+    first), the number of pairs not told apart, and of pairs with fewer than two common seeds
     (nothing measured)."""
-    methods = ranking(rows, metric)
-    apart, untold, unmeasured = [], 0, 0
-    for place, a in enumerate(methods):
-        for b in methods[place + 1:]:
-            found = paired(rows, metric, a, b)
-            if found is None:
-                unmeasured += 1
-                continue
-            if found[0].verdict == statistics.NO_DIFFERENCE:
-                untold += 1
-                continue
-            d = found[0].difference
-            sign = 1 if found[0].verdict == f"{a} above {b}" else -1
-            first, second = (a, b) if sign > 0 else (b, a)
-            low, high = sorted((sign * d.low, sign * d.high))
-            apart.append(f"{first} above {second}: {sign * d.mean:+.1f} points "
-                         f"[{low:+.2f}, {high:+.2f}] ({found[1]} paired seeds)"
-                         + (" (the same difference on every seed: an interval of no width)"
-                            if high - low < 1e-3 else ""))
-    return apart, untold, unmeasured
+    family, unmeasured = pairs(rows, metric)
+    apart = [f"{p.better} above {p.worse}: {pair_text(p)}"
+             + (" (the same difference on every seed: an interval of no width)"
+                if p.difference.high - p.difference.low < 1e-3 else "")
+             for p in sorted(family, key=lambda p: p.adjusted) if p.apart]
+    return apart, len(family) - len(apart), unmeasured
+
+
+def uncorrected_count(rows, metric):
+    """How many pairs an uncorrected 95 % interval alone would tell apart (description only)."""
+    return sum(p.difference.low > 0 for p in pairs(rows, metric)[0])
+
+
+def resolution(rows, metric, seeds, differences=(1.0, 2.0, 5.0)):
+    """What this design can resolve on ``metric``: the median spread over seeds of a paired
+    difference (its standard deviation), the smallest difference told apart with 80 % power at
+    Holm's strictest step, and the seeds each of ``differences`` would need; "" below two
+    seeds."""
+    family, _ = pairs(rows, metric)
+    spreads = sorted(_spread(rows, metric, p) for p in family)
+    if not spreads or seeds < 2:
+        return ""
+    spread = spreads[len(spreads) // 2]
+    smallest = statistics.resolvable_difference(spread, seeds, pairs=len(family))
+    needs = []
+    for difference in differences:
+        count = statistics.seeds_to_resolve(difference, spread, pairs=len(family))
+        needs.append(f"{difference:g} point{'s' if difference != 1 else ''}: "
+                     + (f"{count} seeds" if count else "more than 1,000 seeds"))
+    return (f"Resolution: a paired difference over seeds has a median standard deviation of "
+            f"{spread:.2f} point here; with {seeds} seeds and {len(family)} pairs (Holm at "
+            f"{ALPHA:g}), a true difference is told apart with 80 % power from about "
+            f"{smallest:.1f} points; to resolve " + ", ".join(needs) + ".")
+
+
+def _spread(rows, metric, pair):
+    common = common_seeds(rows, metric, pair.better, pair.worse)
+    values = [rows[pair.better]["seeds"][s][metric] - rows[pair.worse]["seeds"][s][metric]
+              for s in common]
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+PAIR_HEADER = ["better mean", "other", "difference (points)", "uncorrected 95 % interval",
+               "p", "Holm-adjusted p", "verdict"]
+
+
+def pair_table(rows, metric):
+    """Every pair's row of the report's table: the adjusted p of each claim."""
+    family, _ = pairs(rows, metric)
+    return [[p.better, p.worse, f"{p.difference.mean:+.1f}",
+             f"[{p.difference.low:+.2f}, {p.difference.high:+.2f}]", p_text(p.p),
+             p_text(p.adjusted), "told apart" if p.apart else "no difference measured"]
+            for p in sorted(family, key=lambda p: (p.adjusted, p.p))]
 
 
 BASELINE_NAMES = {"pixels": "the raw pixels", "untrained": "the untrained network"}
@@ -187,8 +297,9 @@ BASELINE_NAMES = {"pixels": "the raw pixels", "untrained": "the untrained networ
 
 def against_baselines(rows, found):
     """What training adds on these images: the baselines' kNN top-1 (``found``: {name:
-    figure}), and the methods whose 95 % interval over seeds lies above, or below, the raw
-    pixels' figure (one fixed number: the same images, no seed)."""
+    figure}), and the methods whose seeds lie above, or below, the raw pixels' figure (one fixed
+    number: the same images, no seed) by a t-test surviving Holm's correction over the
+    methods."""
     if not found:
         return ""
     text = ("Without pre-training, on the same test split (kNN top-1): " + "; ".join(
@@ -197,13 +308,20 @@ def against_baselines(rows, found):
         return text
     pixels = found["pixels"]
     groups = {"above": [], "below": [], "untold": [], "unmeasured": []}
+    tested = []  # (method, its mean, the t-test's p against the pixels' one figure)
     for method in ranking(rows, "knn_top1"):
         values = [f["knn_top1"] for f in rows[method]["seeds"].values() if "knn_top1" in f]
-        interval = statistics.mean_interval(values)
-        groups["unmeasured" if len(values) < 2 else "above" if interval.low > pixels
-               else "below" if interval.high < pixels else "untold"].append(method)
+        if len(values) < 2:
+            groups["unmeasured"].append(method)
+            continue
+        tested.append((method, _mean(values),
+                       statistics.paired_p_value(values, [pixels] * len(values))))
+    for (method, mean, _), adjusted in zip(tested, statistics.holm([p for *_, p in tested])):
+        groups["untold" if adjusted >= ALPHA else "above" if mean > pixels
+               else "below"].append(method)
     parts = [f"{label} {', '.join(groups[key])}" for key, label in (
-        ("above", "above the raw pixels by their 95 % interval:"),
+        ("above", f"above the raw pixels (t-test over seeds, Holm over the {len(tested)} "
+                  f"methods at {ALPHA:g}):"),
         ("below", "below them:"),
         ("untold", "not told apart from them:"),
         ("unmeasured", "a single seed, nothing measured:")) if groups[key]]
@@ -259,12 +377,16 @@ def document(comparison, plots):
     header = ["method", "chosen trial", "seeds"] + [title for _, title, _, _ in PROTOCOLS] + [
         "rank · uniformity · collapse warned"]
     body = []
+    classes = runner.class_count(comparison)
+    chance = 100.0 / classes if classes else None
     for method, row in rows.items():
         trial = row["trial"]
         chosen = ("–" if trial is None else f"{trial}: `" + ", ".join(
             f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in plan["trials"][method][trial].items()) + "`")
-        cells = [interval_text([f[key] for f in row["seeds"].values() if key in f])
+        split = bimodal(row, chance)
+        cells = [(per_seed_text(row, key, split) if split else
+                  interval_text([f[key] for f in row["seeds"].values() if key in f]))
                  for key, _, _, _ in PROTOCOLS]
         health = row["health"]
         ranks = [h[0] for h in health if h[0] is not None]
@@ -297,15 +419,21 @@ def document(comparison, plots):
         if said:
             apart, untold, unmeasured = every_pair(rows, key)
             blocks += [("h", 3, f"What the {title} can say"), ("list", said), ("p", (
-                f"Every pair on the {title}: {len(apart)} told apart by a paired interval, "
-                f"{untold} not (no difference measured)"
-                + (f", {unmeasured} with fewer than two common seeds (nothing measured)"
+                f"Every pair on the {title}: told apart after Holm's correction: "
+                f"{len(apart)} of {len(apart) + untold} (an uncorrected 95 % interval alone "
+                f"would exclude 0 for {uncorrected_count(rows, key)}: description, not claims)"
+                + (f"; {unmeasured} with fewer than two common seeds (nothing measured)"
                    if unmeasured else "") + (":" if apart else "."))),
             ] + ([("list", apart)] if apart else [])
-    blocks += [("p", "A paired interval is over the seeds both methods finished (seed s: the "
-                     "same split, initialization seed and data order); with "
-                     f"{arguments['seeds']} seeds it is wide, and \"no difference measured\" "
-                     "is not \"equal\".")]
+            said = resolution(rows, key, arguments["seeds"])
+            if said:
+                blocks.append(("p", said))
+    blocks += [("p", "A paired test is over the seeds both methods finished (seed s: the "
+                     "same split, initialization seed and data order). Every \"A above B\" "
+                     "holds after Holm's step-down over the protocol's every pair, so the "
+                     f"chance of any false claim among them is at most {ALPHA:g}; with "
+                     f"{arguments['seeds']} seeds the tests are weak, and \"no difference "
+                     "measured\" is not \"equal\".")]
     for file, caption in plots:
         blocks.append(("image", file, caption))
     blocks += [("h", 2, "Every trial on the validation split")]
@@ -323,6 +451,16 @@ def document(comparison, plots):
                 for k, v in settings.items()), figure])
     blocks += [("table", ["method", "trial", "settings", "validation kNN top-1 (%)"],
                 trial_rows)]
+    tables = [(title, pair_table(rows, key)) for key, title, _, _ in PROTOCOLS]
+    if any(table for _, table in tables):
+        blocks += [("h", 2, "Every pair, with its adjusted p"), ("p", (
+            "Each protocol's pairs are one family: the paired t-test's two-sided p over the "
+            "common seeds, adjusted by Holm's step-down over the family; a pair is told apart "
+            f"when its adjusted p is below {ALPHA:g}. The interval is uncorrected (a "
+            "description of the difference, not a claim)."))]
+        for title, table in tables:
+            if table:
+                blocks += [("h", 3, title), ("table", PAIR_HEADER, table)]
     blocks += [("h", 2, "Search spaces"), ("p", (
         "Stated before any result: the encoder's learning rate (the budget's "
         f"{plan['budget_learning_rate']:g} times 1/3, 1 or 3) and the setting each method "

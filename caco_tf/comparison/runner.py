@@ -528,6 +528,16 @@ def baselines(comparison):
     return found
 
 
+def class_count(comparison):
+    """The number of classes of the test split, as a baseline measured it (None before)."""
+    for name in BASELINES:
+        result = comparison.read(baseline_path(comparison, name), "remove it: the command "
+                                 f"measures the {name} baseline again")
+        if result and result.get("classes"):
+            return int(result["classes"])
+    return None
+
+
 def finished(comparison, key, final, entry=None):
     """Whether run ``key`` has everything measured (a failed run is finished too)."""
     entry = comparison.entry(key) if entry is None else entry
