@@ -17,10 +17,8 @@ import os
 import keras
 
 from caco_tf.errors import ConfigError
-# A CacoBackbone's encoder is made of these modules' layers: importing them registers them.
-from caco_tf.nets import backbones, vit
+from caco_tf.nets import vit
 
-REGISTERED = (backbones, vit)
 PREFIX = "keras_hub:"
 INSTALL = 'pip install "caco-tf[hub]"'
 # KerasHub's classes every backbone derives from: they build no network of their own.
@@ -112,6 +110,8 @@ def build_hub_backbone(name, input_shape, arguments=None):
 def load_preset(directory):
     """The KerasHub backbone saved in the preset ``directory``, or one line saying why it
     holds none."""
+    # A CacoBackbone's encoder is made of caco_tf's layers: nets.vit's (imported above) and
+    # nets.backbones', imported by the only caller (backbones.build_backbone).
     def not_a_preset(reason):
         return ConfigError(f"model.backbone {PREFIX}{directory} is not a KerasHub backbone "
                            f"preset: {reason}; {PRESET_FILES}")
