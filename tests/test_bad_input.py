@@ -5,8 +5,6 @@ output that cannot be written (a read-only or full disk) is one line and exit st
 The commands run in this process (``main(argv)``, what the console scripts call); one real
 process per command at the end checks the entry points themselves, start-up included."""
 
-import contextlib
-import errno
 import os
 import re
 import subprocess
@@ -16,6 +14,9 @@ import numpy as np
 import pytest
 
 from caco_tf.cli import data_service, evaluate, export, extract, figures, import_torch, train
+
+from fill_disk_at_step import fill
+from test_long_run_faults import tmpfs as long_run_tmpfs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"train": train.main, "evaluate": evaluate.main, "figures": figures.main,
@@ -211,31 +212,9 @@ def test_a_bad_input_is_one_error_line_and_exit_status_2(command, arguments, wor
     assert _files(places["ROOT"]) == before  # nothing new beside the existing run
 
 
-@contextlib.contextmanager
 def tmpfs(path, options=""):
-    """A file system of its own at ``path`` (1 MB; ``options``: e.g. "ro"); skips where
-    mounting is refused."""
-    os.makedirs(path, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(filter(None, [
-        "size=1m", options])), "tmpfs", str(path)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield str(path)
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-def fill(path):
-    """Write ``path`` until its disk is full."""
-    with open(path, "wb", buffering=0) as handle:
-        for chunk in (1 << 16, 1 << 10, 1):
-            try:
-                while True:
-                    handle.write(b"\0" * chunk)
-            except OSError as error:
-                if error.errno != errno.ENOSPC:
-                    raise
+    """A 1 MB file system of its own at ``path`` (``options``: e.g. "ro")."""
+    return long_run_tmpfs(path, 1 << 20, options)
 
 
 # Each format's output, and caco-extract's, on a disk of its own (DISK).

@@ -54,11 +54,12 @@ def errors(stderr):
 
 
 @contextlib.contextmanager
-def tmpfs(path, size):
-    """A real file system of ``size`` bytes at ``path`` (skips where mounting is refused)."""
+def tmpfs(path, size, options=""):
+    """A real file system of ``size`` bytes at ``path`` (``options``: e.g. "ro"; skips where
+    mounting is refused)."""
     os.makedirs(path, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(filter(None, [
+        f"size={size}", options])), "tmpfs", str(path)], capture_output=True)
     if mounted.returncode:
         pytest.skip("mounting a tmpfs needs root")
     try:
