@@ -8,7 +8,9 @@
   them);
 - **train**: every training image (the chosen settings train on them, once per seed);
 - **few labels**: ``per_class`` images of each class of **train**, which the few-label linear
-  protocol trains on.
+  protocol trains on; ``draws`` of them (``few_labels_0``, ``few_labels_1``, ...), each drawn
+  by its own generator, and a run's few-label figure is the mean over the draws.  A plan
+  written before the draws holds one, ``few_labels`` (``few_label_names``).
 
 Every split is drawn by a generator seeded with the comparison's seed and is disjoint from the
 splits it must not meet (tests/test_comparison.py).  Labels reach evaluation only.
@@ -42,9 +44,30 @@ def few_labels(labels, per_class, seed):
     return np.sort(np.concatenate(chosen)).astype(np.int64) if chosen else np.zeros(0, np.int64)
 
 
-def carve(train_labels, held_out_labels, validation_fraction, test_fraction, per_class, seed):
+def few_label_names(per_class, draws):
+    """The names of a comparison's few-label splits, one per label draw: ``few_labels_0`` to
+    ``few_labels_<draws - 1>``; ``draws`` None (a plan written before the draws): its one
+    ``few_labels``; none without few labels (``per_class`` 0)."""
+    if not per_class:
+        return []
+    if draws is None:
+        return ["few_labels"]
+    return [f"few_labels_{draw}" for draw in range(draws)]
+
+
+def few_label_draws(labels, per_class, draws, seed):
+    """``draws`` few-label subsets of ``labels`` (``few_labels``), draw d by a generator seeded
+    with [``seed``, d] (the carving passes the comparison's seed + 2): each ``per_class``
+    images of each class."""
+    return [few_labels(labels, per_class, [seed, draw]) for draw in range(draws)]
+
+
+def carve(train_labels, held_out_labels, validation_fraction, test_fraction, per_class, seed,
+          draws=None):
     """{split name: (part, positions)} of a source with ``train_labels`` and, when it has a
-    labelled held-out split, ``held_out_labels`` (else None: the test split is carved)."""
+    labelled held-out split, ``held_out_labels`` (else None: the test split is carved).
+    ``draws``: the number of few-label draws (``few_label_names``; None: one, ``few_labels``,
+    as a plan written before the draws carved it)."""
     everything = np.arange(len(train_labels))
     if held_out_labels is None:
         everything, test = stratified(train_labels, test_fraction, seed)
@@ -55,6 +78,10 @@ def carve(train_labels, held_out_labels, validation_fraction, test_fraction, per
     tune, validation = stratified(labels, validation_fraction, seed + 1)
     splits.update(train=("train", everything), tune=("train", everything[tune]),
                   validation=("train", everything[validation]))
-    if per_class:
+    if per_class and draws is None:
         splits["few_labels"] = ("train", everything[few_labels(labels, per_class, seed + 2)])
+    elif per_class:
+        for name, chosen in zip(few_label_names(per_class, draws),
+                                few_label_draws(labels, per_class, draws, seed + 2)):
+            splits[name] = ("train", everything[chosen])
     return splits
