@@ -51,9 +51,10 @@ def method_settings(config):
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
     """What the builders take from a run's configuration beyond its plain settings, derived
-    once a run: the method and its section, the run's steps and replicas, the bank warm-up and
-    the online probe.  ``plan_run`` makes a pre-training run's, after refusing what its data
-    and replicas cannot hold; ``RunPlan.of`` one without data (``build_model``)."""
+    once a run: the method and its section, the run's steps and replicas, the projection's
+    dimension, the bank warm-up and the online probe.  ``plan_run`` makes a pre-training
+    run's, after refusing what its data and replicas cannot hold; ``RunPlan.of`` one without
+    data (``build_model``)."""
 
     method: type                     # the class ``method.name`` names (``caco_tf.methods``)
     section: str                     # the method's settings are ``method.<section>``
@@ -62,6 +63,7 @@ class RunPlan:
     epochs: int
     steps_per_epoch: int
     replicas: int
+    embedding_dim: int               # the projection's: the method's own, else the model's
     warmup_steps: int                # the bank warm-up's: 0 without one
     warmup_bank_rows: Optional[int]  # the rows the warm-up fills: None without one
     probe_classes: Optional[int]     # the online probe's: None without the probe
@@ -76,11 +78,14 @@ class RunPlan:
         student before the resync, however few steps an epoch has); it fills the method's own
         bank, or the warm-up's."""
         own = settings.method_settings
+        method = model_class(settings.method)
         warmup = bool(own.get("warmup_epochs"))
         return cls(
-            method=model_class(settings.method), section=settings.method_section, settings=own,
+            method=method, section=settings.method_section, settings=own,
             batch_size=settings.train.batch_size, epochs=settings.train.epochs,
             steps_per_epoch=steps_per_epoch, replicas=replicas,
+            embedding_dim=method.projector_shape(own).get("output_dim",
+                                                          settings.model.embedding_dim),
             warmup_steps=(max(own["warmup_epochs"] * steps_per_epoch,
                               own["warmup_min_steps"]) if warmup else 0),
             warmup_bank_rows=(own.get("bank_size", own.get("warmup_bank_size"))
@@ -92,15 +97,37 @@ class RunPlan:
         return self.epochs * self.steps_per_epoch
 
 
-def plan_run(settings, train, replicas=1):
+def plan_run(settings, train, replicas=1, warn=True):
     """The ``RunPlan`` of pre-training on the source ``train`` over ``replicas`` with a run's
     ``settings`` (``RunSettings``), after refusing, in one line, what they cannot hold
     (``check_sizes``, ``check_image_size``, ``online_probe_classes``): before anything is
-    built."""
+    built.  ``warn``: log what they can hold but not well (``batch_cautions``), one line each
+    on the ``caco_tf`` logger."""
     plan = RunPlan.of(settings, len(train) // settings.train.batch_size, replicas)
-    check_sizes(plan, len(train), settings.model.embedding_dim)
+    check_sizes(plan, len(train), plan.embedding_dim)
     check_image_size(settings.data, train)
-    return dataclasses.replace(plan, probe_classes=online_probe_classes(settings, train))
+    plan = dataclasses.replace(plan, probe_classes=online_probe_classes(settings, train))
+    if warn:  # once nothing is refused: a refusal stays one line
+        for caution in batch_cautions(plan):
+            logging.getLogger("caco_tf").warning("warning: %s", caution)
+    return plan
+
+
+def batch_cautions(plan):
+    """What a run on ``plan`` trains with but not as its method means to: a D x D matrix the
+    method estimates from the global batch (its ``BATCH_MATRIX``: Barlow Twins'
+    cross-correlation, VICReg's covariance) from no more images than D.  B centred rows span at
+    most B - 1 dimensions, so the identity (or the diagonal) its loss drives the matrix to is
+    out of reach; the method still learns."""
+    matrix = getattr(plan.method, "BATCH_MATRIX", None)
+    batch, dim = plan.batch_size, plan.embedding_dim
+    if matrix is None or batch > dim:
+        return []
+    return [f"{plan.method.method} estimates its {dim}x{dim} {matrix} from the global batch of "
+            f"{batch} images (train.batch_size {batch}), no more than model.embedding_dim {dim}: "
+            f"its rank is {batch - 1} at most, so the loss cannot reach its optimum (it still "
+            f"trains); for a full-rank estimate raise train.batch_size above {dim} or lower "
+            f"model.embedding_dim below {batch}"]
 
 
 def warmup_steps(config, steps_per_epoch):
@@ -200,10 +227,12 @@ def build_planned_model(settings, plan, views=None):
         position_embedding=model.position_embedding,
         frozen_patch_embedding=model.frozen_patch_embedding,
         hub_arguments=model.backbone_arguments)
-    # The projector's shape is the method's (its reference's), its widths the run's.
+    # The projector's shape is the method's (its reference's), its widths the run's; its output
+    # the plan's embedding (a method may have its own).
     projector = backbones.build_mlp(
-        backbone.output_shape[-1], model.projector_hidden, model.embedding_dim,
-        sync_batchnorm=sync, name="projector", **plan.method.projector_shape(plan.settings))
+        backbone.output_shape[-1], model.projector_hidden, sync_batchnorm=sync,
+        name="projector", **{**plan.method.projector_shape(plan.settings),
+                             "output_dim": plan.embedding_dim})
     if views is None:  # after the networks: data.extra_layers' layers draw Python's seeds too
         views = build_views(data_settings, settings.views_per_image)
     jit_compile = use_xla(train.jit_compile, plan.replicas)

@@ -32,6 +32,9 @@ class BarlowTwins(Method):
     DOCS_ROW = {"state": "–", "global batch": "standardization, cross-correlation",
                 "paper": "not in the paper (73.2, its authors')"}
     PROJECTOR = dict(layers_count=3)
+    # The D x D matrix it estimates from the global batch: from no more images than D it is
+    # rank-deficient, which caco_tf.build.plan_run warns of at start.
+    BATCH_MATRIX = "cross-correlation"
 
     def method_loss(self, outputs, targets, step):
         return losses.barlow_twins_loss(outputs[0], outputs[1], self.redundancy_weight,

@@ -202,6 +202,33 @@ class CaCo(ContrastiveMethod):
 COLLAPSE_USAGE = 0.02  # distinct MPP rows / min(K, MPP assignments of the epoch)
 
 
+def scaled_warmups(declared, epochs, methods, written=()):
+    """``key=value`` assignments that scale the bank warm-ups of ``methods`` (CaCo's, and any
+    method's that has one) to a budget of ``epochs`` (caco-compare's ``--epochs``).
+
+    A warm-up is the share of the run its configuration ``declared`` states (``warmup_epochs``
+    of its ``train.epochs``): at ``epochs`` it is the nearest whole number of epochs (a half
+    rounds up), kept below them (0, no warm-up, at 1 epoch), as a schedule's shape is kept
+    when its length changes.  A warm-up the user assigned (``written``: their ``key=value``
+    assignments) is theirs and stays; one that does not change needs no assignment.  CaCo's 1
+    of 8 epochs at 1 epoch: ``["method.caco.warmup_epochs=0"]``."""
+    from caco_tf.config import settings_section
+
+    given = {assignment.split("=", 1)[0].strip() for assignment in written}
+    length = declared["train"]["epochs"]
+    scaled = []
+    for section in dict.fromkeys(settings_section(method) for method in methods):
+        key = f"method.{section}.warmup_epochs"
+        warmup = declared["method"][section].get("warmup_epochs", 0)
+        if not warmup or key in given:
+            continue
+        nearest = (2 * warmup * epochs + length) // (2 * length)  # round half up, exactly
+        value = min(nearest, epochs - 1)
+        if value != warmup:
+            scaled.append(f"{key}={value}")
+    return scaled
+
+
 class PositiveHistogram(keras.metrics.Metric):
     """How often each bank row is a Most Probable Positive since the last reset (an epoch):
     ``mpp_usage``, the rows used / K, and ``mpp_entropy``, the entropy (nats) of the counts

@@ -33,6 +33,9 @@ class VICReg(Method):
     DOCS_ROW = {"state": "–", "global batch": "variance, covariance",
                 "paper": "not in the paper (73.2, its authors')"}
     PROJECTOR = dict(layers_count=3)
+    # The D x D matrix it estimates from the global batch: from no more images than D it is
+    # rank-deficient, which caco_tf.build.plan_run warns of at start.
+    BATCH_MATRIX = "covariance"
 
     def method_loss(self, outputs, targets, step):
         return losses.vicreg_loss(outputs[0], outputs[1], self.invariance_weight,
