@@ -27,7 +27,6 @@ Each set writes its own table into BENCHMARKS.md (between the markers
 ``method_steps/<set>``), so that a set can be measured again alone.
 """
 
-import math
 import os
 import statistics
 import sys
@@ -113,41 +112,8 @@ def step_flops(model, crops, config):
     """Counted FLOPs of one step (module docstring)."""
     from caco_tf.nets import profiling
 
-    def network(part, size):
-        if None not in part.input_shape[1:3]:
-            return profiling.forward_flops(part)
-        # A multi-crop network takes any size: its backbone built again at this crop's size,
-        # then its projector (on pooled features, the same at every size).
-        from caco_tf.nets import backbones
-
-        settings = config["model"]
-        fixed = backbones.build_backbone(settings["backbone"],
-                                         (size, size, part.input_shape[-1]),
-                                         widths=settings["widths"],
-                                         pool_grid=settings["pool_grid"])
-        return profiling.forward_flops(fixed) + profiling.forward_flops(model.projector)
-
-    import keras
-
-    def head(layer):  # a functional head, or one layer called outside a graph (prototypes)
-        return (profiling.forward_flops(layer) if isinstance(layer, keras.Model)
-                else 2 * math.prod(layer.kernel.shape) if hasattr(layer, "kernel") else 0)
-
-    batch = int(crops[0].shape[0])
-    heads = sum(head(h) for h in model.heads)
-    student = sum(network(model.query_encoder, int(c.shape[1])) + heads for c in crops)
-    teacher = 0
-    if model.TEACHER == "momentum":
-        teacher = 2 * network(model.key_encoder, int(crops[0].shape[1]))
-    rows = 0  # rows of a bank, queue or support set each view's embedding meets
-    dim = model.embedding_dim
-    if model.memory_bank is not None and model.method == "caco":
-        rows = model.memory_bank.size * profiling.CACO_BANK_MATMULS / 2
-    elif model.memory_bank is not None:
-        rows = model.memory_bank.size * profiling.MOCO_BANK_MATMULS / 2
-    elif getattr(model, "support_set", None) is not None:
-        rows = model.support_set.size  # the nearest-neighbour search, no gradient
-    return batch * (3 * student + teacher) + 2 * 2 * batch * rows * dim
+    return profiling.method_step_flops(model, [int(c.shape[1]) for c in crops],
+                                       int(crops[0].shape[0]), config)
 
 
 def measure(set_name, args):

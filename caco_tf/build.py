@@ -119,7 +119,7 @@ def batch_cautions(plan):
     cross-correlation, VICReg's covariance) from no more images than D.  B centred rows span at
     most B - 1 dimensions, so the identity (or the diagonal) its loss drives the matrix to is
     out of reach; the method still learns."""
-    matrix = getattr(plan.method, "BATCH_MATRIX", None)
+    matrix = plan.method.BATCH_MATRIX
     batch, dim = plan.batch_size, plan.embedding_dim
     if matrix is None or batch > dim:
         return []

@@ -383,6 +383,23 @@ CORE_SETTINGS = {
     "evaluation.knn_monitor_k": Setting(200, integer(1), "the monitor's neighbours"),
     "evaluation.knn_monitor_temperature": Setting(
         0.07, number(0.0, low_open=True), "the monitor's vote temperature"),
+    # A learning curve on images no choice is measured on: caco-compare points these at its
+    # tune split (neighbours) and validation split (queries), whatever a run trains on.
+    "evaluation.knn_monitor_memory": Setting(
+        "", text("'' or a labelled source as data.held_out takes",
+                 lambda v: _source(v, held_out=True)),
+        "the monitor's labelled neighbours ('': the training images)"),
+    "evaluation.knn_monitor_queries": Setting(
+        "", text("'' or a labelled source as data.held_out takes",
+                 lambda v: _source(v, held_out=True)),
+        "the monitor's queries ('': the held-out images)"),
+    "evaluation.knn_monitor_train_images": Setting(
+        None, optional(integer(1), "knn_train_images"),
+        "the monitor reads a class-balanced sample of at most this many neighbours",
+        derived=int),
+    "evaluation.knn_monitor_test_images": Setting(
+        None, optional(integer(1), "knn_test_images"),
+        "... and of at most this many queries", derived=int),
     "evaluation.knn_train_images": Setting(
         50000, integer(1),
         "every kNN reads a class-balanced sample of at most this many training images"),

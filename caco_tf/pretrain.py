@@ -169,7 +169,8 @@ def _run(config, settings, folder, strategy, chief, verbose, stack):
                       shuffle=False,  # the dataset shuffles itself, once per epoch
                       verbose=verbose if chief else 0,
                       callbacks=([stuck] if stuck else [])
-                      + [callbacks.Throughput(batch), guard, callbacks.ProgressBar()]
+                      + [callbacks.Throughput(batch, steps_per_epoch), guard,
+                         callbacks.ProgressBar()]
                       + _callbacks(resume, loggers, monitor, precise_bn(settings, views, train))
                       + [skipped.callback()])
     except Interrupted:

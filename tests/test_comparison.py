@@ -117,25 +117,45 @@ def test_every_method_gets_the_same_trials_over_the_same_kinds_of_knobs(budget):
     methods = trials.comparison_methods()
     assert "caco" in methods and "moco_v2" in methods and "none" not in methods
     spaces = {m: trials.search_space(m, budget) for m in methods}
-    # The encoder's learning rate and one setting of the method's own, three values each.
+    # The encoder's learning rate and one setting of the method's own: its three declared
+    # values, and the budget's own when it is not one of them.
     for method, space in spaces.items():
         assert [key.split(".")[0] for key, _ in space] == ["train", "method"], method
         assert space[1][0].startswith(f"method.{method}.")
-        assert [len(values) for _, values in space] == [3, 3], method
+        assert len(space[0][1]) == 3 and len(space[1][1]) in (3, 4), method
     most = trials.max_trials(methods, budget)
-    assert most == 9
+    assert most == min(len(trials.grid(space)) for space in spaces.values()) >= 9
     for method in methods:
-        drawn = trials.draw_trials(method, budget, most, seed=0)
+        drawn, spares = trials.draw_trials(method, budget, most, seed=0)
         assert len(drawn) == most  # a method cannot get more trials than another
-        assert len({json.dumps(t, sort_keys=True) for t in drawn}) == most
-        first = drawn[0]  # the budget as given
+        assert len({json.dumps(t, sort_keys=True) for t in drawn + spares}) == len(
+            trials.grid(spaces[method]))  # the spares: the rest of the grid
+        first = drawn[0]  # the budget as given, inside the space
         assert first["train.learning_rate"] == 0.03
-        assert drawn == trials.draw_trials(method, budget, most, seed=0)
+        assert all(first[key] in values for key, values in spaces[method])
+        assert (drawn, spares) == trials.draw_trials(method, budget, most, seed=0)
         for trial in drawn:  # every trial is a valid configuration
             load_config("mnist", trials.assignments(trial) + [f"method.name={method}"])
-    assert trials.draw_trials("byol", budget, 3, 0) != trials.draw_trials("byol", budget, 3, 1)
+    # The comparison's seed breaks the design's ties: another seed, another draw.
+    assert len({json.dumps(trials.draw_trials("byol", budget, 3, seed)[0])
+                for seed in range(8)}) > 1
     with pytest.raises(ValueError, match="at most"):
         trials.draw_trials("byol", budget, 10, 0)
+
+
+@pytest.mark.parametrize("budget_name", ["mnist", "shapes"])
+def test_every_declared_dimension_takes_as_many_values_as_the_trials_allow(budget_name):
+    """Equal search in effect: with T trials every dimension of n values takes min(T, n) of
+    them, for every method (two trials: both dimensions move; the full grid at its size)."""
+    config = load_config(budget_name)
+    methods = trials.comparison_methods()
+    for count in range(1, trials.max_trials(methods, config) + 1):
+        for method in methods:
+            space = trials.search_space(method, config)
+            drawn, _ = trials.draw_trials(method, config, count, seed=3)
+            for key, values in space:
+                assert len({t[key] for t in drawn}) == min(count, len(values)), (
+                    method, count, key)
 
 
 def test_a_plan_records_the_commit_it_started_at():
@@ -421,11 +441,18 @@ def test_a_bad_argument_is_one_error_line(argv, words, tmp_path, capsys):
 
 
 def test_a_budget_is_checked_as_the_compared_methods_train_it():
-    # CaCo's warm-up epoch refuses one epoch, but CaCo is not compared here.
+    # CaCo is not compared: nothing of its is assigned.
     args = compare_cli.parse_args(["--methods", "byol,simclr", "--epochs", "1"])
-    assert compare_cli.arguments_of(args)["methods"] == ["byol", "simclr"]
-    with pytest.raises(Exception, match="method.caco.warmup_epochs must be below"):
-        compare_cli.arguments_of(compare_cli.parse_args(["--methods", "caco", "--epochs", "1"]))
+    assert compare_cli.arguments_of(args)["settings"] == ["train.epochs=1"]
+    # CaCo's warm-up, 1 of the shapes budget's 8 epochs, keeps its share of 1 epoch: none.
+    args = compare_cli.parse_args(["--methods", "caco,simclr", "--epochs", "1"])
+    assert compare_cli.arguments_of(args)["settings"] == ["train.epochs=1",
+                                                          "method.caco.warmup_epochs=0"]
+    # A warm-up the user wrote is theirs: refused in one line naming it.
+    with pytest.raises(Exception, match=r"method.caco.warmup_epochs must be below train.epochs "
+                                        r"\(1\), got 1"):
+        compare_cli.arguments_of(compare_cli.parse_args(
+            ["--methods", "caco", "--epochs", "1", "--set", "method.caco.warmup_epochs=1"]))
 
 
 def test_images_without_labels_are_one_error_line(tmp_path, capsys):

@@ -230,7 +230,11 @@ def test_pretraining_logs_the_knn_monitor(monitored_run):
     assert (monitor.every, monitor.k, monitor.temperature) == (2, 4, 0.07)
     rows = json.load(open(os.path.join(run_dir, "history.json")))
     assert ["knn_top1" in row for row in rows] == [False, True, True]
-    assert all(0.0 <= row["knn_top1"] <= 100.0 for row in rows[1:])
+    assert all(0.0 <= row["knn_top1"] <= 100.0 and row["knn_top1_seconds"] > 0
+               for row in rows[1:])
+    # The compute a learning curve is read against: 48 images at batch 16, 3 steps an epoch.
+    assert [(row["steps"], row["images_seen"]) for row in rows] == [(3, 48), (6, 96), (9, 144)]
+    assert all(row["train_seconds"] == pytest.approx(row["step_ms"] * 3 / 1000) for row in rows)
     off = dataclasses.replace(settings, evaluation=dataclasses.replace(
         settings.evaluation, knn_monitor_every=0))
     assert knn_monitor(off, None, None, None) is None

@@ -61,6 +61,10 @@ def parse_args(argv):
     plan.add_argument("--few-labels", type=int, default=10, metavar="K",
                       help="labelled images per class of the few-label protocol (default 10; "
                            "0: none)")
+    plan.add_argument("--few-label-draws", type=int, metavar="N",
+                      help="draws of those labelled images, each a split: a run's few-label "
+                           "figure is the mean over the draws (default 5; a rerun keeps its "
+                           "plan's)")
     plan.add_argument("--validation-fraction", type=float, default=0.2,
                       help="of the training images, carved for validation (default 0.2)")
     plan.add_argument("--test-fraction", type=float, default=0.2,
@@ -68,10 +72,26 @@ def parse_args(argv):
                            "held-out split (default 0.2)")
     plan.add_argument("--linear-epochs", type=int, default=100,
                       help="epochs of the linear protocols (default 100)")
+    curves = parser.add_argument_group("learning curves (validation kNN during training)")
+    curves.add_argument("--curve-every", type=int, metavar="N",
+                        help="every run measures its curve every N epochs (default 1; 0: no "
+                             "curves; a rerun keeps its plan's)")
+    curves.add_argument("--curve-images", metavar="NEIGHBOURS,QUERIES",
+                        help="the curve's class-balanced samples of the tune split "
+                             "(neighbours) and of the validation split (queries) (default "
+                             "2000,1000)")
     parser.add_argument("--out", default=os.path.join("runs", "compare"),
                         help="the comparison's folder (default: runs/compare)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan and the time estimate, train nothing")
+    parser.add_argument("--pilot", metavar="DIR",
+                        help="with --dry-run: what the planned seeds can resolve, from the "
+                             "seeds' spreads of an earlier comparison's folder (default: this "
+                             "--out's, once two seeds are measured)")
+    parser.add_argument("--trials-only", action="store_true",
+                        help="train and report the trials alone (a pilot: its learning curves "
+                             "on the validation split, no test image read); the same command "
+                             "without it goes on to the seeds")
     parser.add_argument("--report-only", action="store_true",
                         help="write the report from what is measured, train nothing")
     parser.add_argument("--publish", metavar="PAGE.md",
@@ -106,6 +126,8 @@ def arguments_of(args):
     for name, value, low in (("--trials", args.trials, 1), ("--seeds", args.seeds, 1),
                              ("--chief-timeout", args.chief_timeout, 1),
                              ("--few-labels", args.few_labels, 0),
+                             ("--few-label-draws", 1 if args.few_label_draws is None
+                              else args.few_label_draws, 1),
                              ("--linear-epochs", args.linear_epochs, 1),
                              ("--seed", args.seed, 0)):
         if value < low:
@@ -114,6 +136,17 @@ def arguments_of(args):
                         ("--test-fraction", args.test_fraction)):
         if not 0 < value < 1:
             raise ConfigError(f"{name} must be between 0 and 1, got {value}")
+    curve_images = None
+    if args.curve_images is not None:
+        try:
+            curve_images = [int(part) for part in args.curve_images.split(",")]
+        except ValueError:
+            curve_images = []
+        if len(curve_images) != 2 or min(curve_images) < 1:
+            raise ConfigError(f"--curve-images takes two counts, NEIGHBOURS,QUERIES (e.g. "
+                              f"2000,1000), got {args.curve_images!r}")
+    if args.curve_every is not None and args.curve_every < 0:
+        raise ConfigError(f"--curve-every must be at least 0, got {args.curve_every}")
     for assignment in args.set:
         key = assignment.split("=", 1)[0].strip()
         if key in PER_RUN:
@@ -123,6 +156,12 @@ def arguments_of(args):
         ("train.epochs", args.epochs), ("train.batch_size", args.batch_size),
         ("data.image_size", args.image_size), ("model.backbone", args.backbone),
         ("data.views", args.views)) if value is not None] + list(args.set)
+    if args.epochs is not None and args.epochs >= 1:  # a warm-up keeps its share of the budget
+        from caco_tf.config import load_config
+        from caco_tf.methods.caco import scaled_warmups
+
+        declared = load_config(runner.config_argument(args.config))
+        settings += scaled_warmups(declared, args.epochs, methods, args.set)
     check_page(args.publish)
     # The images as resolved here: a rerun from another folder names other images.
     arguments = {"config": runner.config_argument(args.config),
@@ -131,7 +170,9 @@ def arguments_of(args):
                  "settings": settings, "methods": methods, "trials": args.trials,
                  "seeds": args.seeds, "seed": args.seed, "few_labels": args.few_labels,
                  "validation_fraction": args.validation_fraction,
-                 "test_fraction": args.test_fraction, "linear_epochs": args.linear_epochs}
+                 "test_fraction": args.test_fraction, "linear_epochs": args.linear_epochs,
+                 "curve_every": args.curve_every, "curve_images": curve_images,
+                 "few_label_draws": args.few_label_draws}
     config = runner.budget_config(arguments)  # one line for a bad setting, now
     most = trials.max_trials(methods, config)
     if args.trials > most:
@@ -202,6 +243,7 @@ def compare(args, argv):
     distribution = tuning.distribution()  # KerasTuner's variables, checked first
     arguments = arguments_of(args)
     comparison = runner.Comparison(args.out, tolerant=args.report_only)
+    comparison.trials_only = args.trials_only
     if args.report_only:
         if comparison.plan is None:
             from caco_tf.config import ConfigError
@@ -224,9 +266,13 @@ def compare(args, argv):
     runner.calibrate(comparison, say=cli.say)
     cli.say(describe(comparison, runner.estimate_seconds(comparison)))
     if args.dry_run:
+        said = resolution_lines(comparison, args.pilot, report)
+        if said:
+            cli.say("\n".join(said))
         return 0
     tuning.search(comparison, say=cli.say)
-    runner.measure_baselines(comparison, say=cli.say)
+    if not args.trials_only:
+        runner.measure_baselines(comparison, say=cli.say)
     return write_report(comparison, report, args.publish)
 
 
@@ -243,10 +289,33 @@ def describe(comparison, seconds):
         f"  splits: {images['tune']:,} training + {images['validation']:,} validation images "
         f"for {arguments['trials']} trial(s) a method, then {images['train']:,} training "
         f"images x {arguments['seeds']} seed(s), measured on {images['test']:,} test images",
-        f"  runs: {len(comparison.runs())} trainings; about {duration(seconds)} left on this "
-        f"machine (calibrated)",
+        f"  runs: {len(comparison.runs())} trainings"
+        + (f" of which --trials-only trains the "
+           f"{sum(not final for *_, final in comparison.runs())} trials" if comparison.trials_only
+           else "") + f"; about {duration(seconds)} left on this machine (calibrated)",
     ]
     return "\n".join(lines)
+
+
+def resolution_lines(comparison, pilot_folder, report):
+    """The dry run's word on resolution: from ``pilot_folder``'s comparison, else from this
+    one's measured seeds; [] with neither."""
+    from caco_tf.comparison import runner
+    from caco_tf.config import ConfigError
+
+    arguments = comparison.plan["arguments"]
+    pilot = comparison
+    if pilot_folder:
+        pilot = runner.Comparison(pilot_folder, tolerant=True)
+        if pilot.plan is None:
+            raise ConfigError(f"--pilot {pilot_folder} holds no comparison: name the --out "
+                              f"folder of an earlier caco-compare")
+    lines = report.pilot_resolution(pilot, arguments["seeds"], arguments["methods"])
+    if not lines:
+        return ([f"  no resolution from --pilot {pilot_folder}: it has fewer than two seeds "
+                 f"of two methods measured"] if pilot_folder else [])
+    return [f"what {arguments['seeds']} seeds can resolve, from the seeds' spreads of "
+            f"{pilot.folder}:"] + lines
 
 
 def duration(seconds):

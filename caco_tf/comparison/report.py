@@ -16,7 +16,7 @@ import html
 import math
 import os
 
-from caco_tf.comparison import runner
+from caco_tf.comparison import curves, runner
 from caco_tf.errors import ConfigError, StateError
 from caco_tf.evaluation import statistics
 from caco_tf.training import run_folder
@@ -36,14 +36,22 @@ PLOTS = (("accuracy.png", "Each method on the test split, 95 % intervals over se
 
 # ---------------------------------------------------------------------- reading
 def measured(comparison, key):
-    """{protocol key: figure} of one run, from its run folder (absent: not measured yet)."""
+    """{protocol key: figure} of one run, from its run folder (absent: not measured yet); the
+    few-label figure is the mean over the label draws once every draw is measured, with each
+    draw's and their standard deviation (``runner.few_label_summary``)."""
     run_dir = comparison.run_dir(key)
+    advice = f"remove the folder {run_dir} to train and measure that run again"
     figures = {}
     for name, _, file, field in PROTOCOLS:
-        value = (comparison.read(os.path.join(run_dir, file), f"remove the folder {run_dir} "
-                                 f"to train and measure that run again") or {}).get(field)
+        if name == "few_label_top1":  # one file per draw, below
+            continue
+        value = (comparison.read(os.path.join(run_dir, file), advice) or {}).get(field)
         if isinstance(value, (int, float)):
             figures[name] = float(value)
+    draws = [(comparison.read(os.path.join(run_dir, runner.few_label_file(split)), advice)
+              or {}).get("top1") for split in runner.few_label_splits(comparison)]
+    if draws and all(isinstance(value, (int, float)) for value in draws):
+        figures.update(runner.few_label_summary(draws))
     return figures
 
 
@@ -249,26 +257,41 @@ def uncorrected_count(rows, metric):
     return sum(p.difference.low > 0 for p in pairs(rows, metric)[0])
 
 
-def resolution(rows, metric, seeds, differences=(1.0, 2.0, 5.0)):
+def resolution(rows, metric, seeds, differences=(1.0, 2.0, 5.0), family_size=None):
     """What this design can resolve on ``metric``: the median spread over seeds of a paired
     difference (its standard deviation), the smallest difference told apart with 80 % power at
     Holm's strictest step, and the seeds each of ``differences`` would need; "" below two
-    seeds."""
+    seeds.  ``family_size``: the pairs of the design judged (default: those of ``rows``; a
+    pilot's rows judge a planned comparison of other methods)."""
     family, _ = pairs(rows, metric)
     spreads = sorted(_spread(rows, metric, p) for p in family)
     if not spreads or seeds < 2:
         return ""
     spread = spreads[len(spreads) // 2]
-    smallest = statistics.resolvable_difference(spread, seeds, pairs=len(family))
+    count = family_size or len(family)
+    smallest = statistics.resolvable_difference(spread, seeds, pairs=count)
     needs = []
     for difference in differences:
-        count = statistics.seeds_to_resolve(difference, spread, pairs=len(family))
+        needed = statistics.seeds_to_resolve(difference, spread, pairs=count)
         needs.append(f"{difference:g} point{'s' if difference != 1 else ''}: "
-                     + (f"{count} seeds" if count else "more than 1,000 seeds"))
+                     + (f"{needed} seeds" if needed else "more than 1,000 seeds"))
     return (f"Resolution: a paired difference over seeds has a median standard deviation of "
-            f"{spread:.2f} point here; with {seeds} seeds and {len(family)} pairs (Holm at "
+            f"{spread:.2f} point here; with {seeds} seeds and {count} pairs (Holm at "
             f"{ALPHA:g}), a true difference is told apart with 80 % power from about "
             f"{smallest:.1f} points; to resolve " + ", ".join(needs) + ".")
+
+
+def pilot_resolution(pilot, seeds, methods):
+    """Lines of what a planned comparison of ``seeds`` seeds and ``methods`` methods can
+    resolve, from the seeds' spreads the ``pilot`` comparison measured ([] below two seeds)."""
+    rows = table_rows(pilot)
+    family = len(methods) * (len(methods) - 1) // 2
+    lines = []
+    for key, title, _, _ in PROTOCOLS:
+        said = resolution(rows, key, seeds, family_size=family)
+        if said:
+            lines.append(f"  {title}: {said.removeprefix('Resolution: ')}")
+    return lines
 
 
 def _spread(rows, metric, pair):
@@ -293,39 +316,168 @@ def pair_table(rows, metric):
 
 
 BASELINE_NAMES = {"pixels": "the raw pixels", "untrained": "the untrained network"}
+# The baselines' rows in the report's table.
+BASELINE_ROWS = {"pixels": "raw pixels (baseline)", "untrained": "untrained network (baseline)"}
 
 
-def against_baselines(rows, found):
-    """What training adds on these images: the baselines' kNN top-1 (``found``: {name:
-    figure}), and the methods whose seeds lie above, or below, the raw pixels' figure (one fixed
-    number: the same images, no seed) by a t-test surviving Holm's correction over the
-    methods."""
-    if not found:
+def against_baselines(rows, found, few_label_title=None):
+    """What training adds on these images: the baselines' top-1 on each protocol measured
+    (``found``: {name: {protocol key: figure}}, ``runner.baseline_figures``; or {name: kNN
+    figure}) and, protocol by protocol, the methods whose seeds lie above, or below, the raw
+    pixels' figure (one fixed number: the same images, no seed) by a t-test surviving Holm's
+    correction over the methods, then the same against the untrained network (a family of its
+    own).  ``few_label_title``: the few-label protocol's title (``few_label_title``)."""
+    found = {name: figures if isinstance(figures, dict) else {"knn_top1": figures}
+             for name, figures in found.items()}
+    titles = {key: few_label_title if key == "few_label_top1" and few_label_title else title
+              for key, title, _, _ in PROTOCOLS}
+    keys = [key for key, *_ in PROTOCOLS if any(key in f for f in found.values())]
+    if not keys:
         return ""
-    text = ("Without pre-training, on the same test split (kNN top-1): " + "; ".join(
-        f"{BASELINE_NAMES[name]} {figure:.1f} %" for name, figure in found.items()) + ".")
-    if "pixels" not in found:
-        return text
-    pixels = found["pixels"]
+    text = ("Without pre-training, on the same test split (" + " · ".join(
+        titles[key] for key in keys) + "): " + "; ".join(
+        f"{BASELINE_NAMES[name]} " + " · ".join(
+            f"{figures[key]:.1f} %" if key in figures else "–" for key in keys)
+        for name, figures in found.items()) + ".")
+    for key in keys:
+        said = []
+        for name, pronoun in (("pixels", "them"), ("untrained", "it")):
+            if key not in found.get(name, {}):
+                continue
+            groups, tested = _against(rows, key, found[name][key])
+            methods = f"{tested} method{'s' if tested != 1 else ''}"
+            test = (f"t-test over seeds, Holm over the {methods} at {ALPHA:g}" if not said
+                    else f"the same test, Holm over the {methods}")
+            parts = []
+            for group, relation in (("above", "above"), ("below", "below"),
+                                    ("untold", "not told apart from")):
+                if groups[group]:  # the first names the baseline and the test, the others refer
+                    whom = (f"{BASELINE_NAMES[name]} ({test})" if not parts else pronoun)
+                    parts.append(f"{relation} {whom}: {', '.join(groups[group])}")
+            if groups["unmeasured"] and not said:
+                parts.append(f"a single seed, nothing measured: {', '.join(groups['unmeasured'])}")
+            if parts:
+                said.append("; ".join(parts))
+        if said:
+            text += f" On the {titles[key]}, " + said[0] + "." + "".join(
+                f" {more[0].upper()}{more[1:]}." for more in said[1:])
+    return text
+
+
+def _against(rows, key, figure):
+    """({"above", "below", "untold", "unmeasured": [methods]}, the number tested) of the
+    methods' seeds on ``key`` against one fixed ``figure``: a t-test, Holm over the methods."""
     groups = {"above": [], "below": [], "untold": [], "unmeasured": []}
-    tested = []  # (method, its mean, the t-test's p against the pixels' one figure)
-    for method in ranking(rows, "knn_top1"):
-        values = [f["knn_top1"] for f in rows[method]["seeds"].values() if "knn_top1" in f]
+    tested = []  # (method, its mean, the t-test's p against the baseline's one figure)
+    for method in ranking(rows, key):
+        values = [f[key] for f in rows[method]["seeds"].values() if key in f]
         if len(values) < 2:
             groups["unmeasured"].append(method)
             continue
         tested.append((method, _mean(values),
-                       statistics.paired_p_value(values, [pixels] * len(values))))
+                       statistics.paired_p_value(values, [figure] * len(values))))
     for (method, mean, _), adjusted in zip(tested, statistics.holm([p for *_, p in tested])):
-        groups["untold" if adjusted >= ALPHA else "above" if mean > pixels
+        groups["untold" if adjusted >= ALPHA else "above" if mean > figure
                else "below"].append(method)
-    parts = [f"{label} {', '.join(groups[key])}" for key, label in (
-        ("above", f"above the raw pixels (t-test over seeds, Holm over the {len(tested)} "
-                  f"methods at {ALPHA:g}):"),
-        ("below", "below them:"),
-        ("untold", "not told apart from them:"),
-        ("unmeasured", "a single seed, nothing measured:")) if groups[key]]
-    return text + (" On the kNN top-1, " + "; ".join(parts) + "." if parts else "")
+    return groups, len(tested)
+
+
+def baseline_rows(comparison, found, width):
+    """The baselines as rows of the report's table (``width`` cells): their figure on each
+    protocol (the few-label one with its spread over the draws), "not planned" for a probe a
+    plan written before it did not measure them by, "–" while not measured."""
+    probes = runner.baseline_probes(comparison)
+    planned = {"knn_top1": "knn" in probes, "linear_top1": "linear" in probes,
+               "few_label_top1": any(p.startswith("few_") for p in probes)}
+    seed = comparison.plan["arguments"]["seed"]
+    body = []
+    for name in runner.BASELINES:
+        figures = found.get(name, {})
+        if not figures:
+            continue
+        cells = []
+        for key, *_ in PROTOCOLS:
+            if key not in figures:
+                cells.append("–" if planned.get(key, True) else "not planned")
+                continue
+            cell = f"{figures[key]:.1f}"
+            if key == "few_label_top1" and figures.get("few_label_top1_sd") is not None:
+                cell += (f" (sd {figures['few_label_top1_sd']:.1f} over "
+                         f"{len(figures['few_label_top1_draws'])} draws)")
+            cells.append(cell)
+        row = [BASELINE_ROWS[name], "–", "no training" if name == "pixels"
+               else f"none (weights seeded {seed})"] + cells
+        body.append(row + ["–"] * (width - len(row)))
+    return body
+
+
+def few_label_title(comparison):
+    """The few-label protocol's title in the table: with its number of label draws."""
+    draws = len(runner.few_label_splits(comparison))
+    if not draws:
+        return "few-label linear top-1"
+    return "few-label linear top-1 (" + ("one label draw" if draws == 1
+                                         else f"mean of {draws} label draws") + ")"
+
+
+def few_label_spread(comparison, rows, found):
+    """The few-label draws in words: how many, of which images, and the spread over them of
+    each method's figure (the standard deviation of a run's draws, the mean over its seeds) and
+    of each baseline's; "" for a plan of one draw."""
+    draws = runner.few_label_splits(comparison)
+    if len(draws) < 2:
+        return ""
+    text = (f"Few-label linear top-1: each figure is the mean over {len(draws)} draws of "
+            f"{comparison.plan['arguments']['few_labels']} labelled training images per class "
+            f"(`splits/{draws[0]}.json` to `{draws[-1]}.json`), the same draws for every "
+            f"method, seed and baseline; a method's interval is over its seeds' means.")
+    spreads = []
+    for method, row in rows.items():
+        sds = [f["few_label_top1_sd"] for f in row["seeds"].values()
+               if f.get("few_label_top1_sd") is not None]
+        if sds:
+            spreads.append(f"{method} {_mean(sds):.1f}")
+    for name in runner.BASELINES:
+        if found.get(name, {}).get("few_label_top1_sd") is not None:
+            spreads.append(f"{BASELINE_NAMES[name]} {found[name]['few_label_top1_sd']:.1f}")
+    if spreads:
+        text += (f" Its spread over the draws (the standard deviation of a run's {len(draws)} "
+                 f"figures, the mean over a method's seeds), in points: " + "; ".join(spreads)
+                 + ".")
+    return text
+
+
+def few_label_draw_blocks(comparison, rows, found):
+    """The report's section of every few-label draw's figure, per run and baseline (none for
+    a plan of one draw, or before any is measured)."""
+    draws = runner.few_label_splits(comparison)
+    if len(draws) < 2:
+        return []
+    body = []
+    for method, row in rows.items():
+        for seed in sorted(row["seeds"]):
+            figures = row["seeds"][seed]
+            if "few_label_top1_draws" in figures:
+                body.append([method, str(seed)]
+                            + [f"{v:.1f}" for v in figures["few_label_top1_draws"]]
+                            + [f"{figures['few_label_top1']:.1f}",
+                               f"{figures['few_label_top1_sd']:.2f}"])
+    for name in runner.BASELINES:
+        figures = found.get(name, {})
+        if "few_label_top1_draws" in figures:
+            body.append([BASELINE_ROWS[name], "–"]
+                        + [f"{v:.1f}" for v in figures["few_label_top1_draws"]]
+                        + [f"{figures['few_label_top1']:.1f}",
+                           f"{figures['few_label_top1_sd']:.2f}"])
+    if not body:
+        return []
+    return [("h", 2, "The few-label draws"), ("p", (
+        f"Each final run's few-label linear top-1 on each draw of "
+        f"{comparison.plan['arguments']['few_labels']} labelled images per class "
+        f"(`splits/few_labels_<d>.json`, on the test split), their mean (the run's figure "
+        f"above) and their standard deviation, in points.")),
+        ("table", ["run", "seed"] + [f"draw {d}" for d in range(len(draws))]
+         + ["mean", "standard deviation"], body)]
 
 
 def split_resolution(rows, test_images):
@@ -374,7 +526,9 @@ def document(comparison, plots):
         + f" ({plan['epochs']} epochs, batch {plan['batch_size']}). Each method had "
         f"{arguments['trials']} trial(s) from its search space (below), chosen by validation "
         f"kNN top-1. Figures: mean over seeds [95 % t interval], %."))]
-    header = ["method", "chosen trial", "seeds"] + [title for _, title, _, _ in PROTOCOLS] + [
+    header = ["method", "chosen trial", "seeds"] + [
+        few_label_title(comparison) if key == "few_label_top1" else title
+        for key, title, _, _ in PROTOCOLS] + [
         "rank · uniformity · collapse warned"]
     body = []
     classes = runner.class_count(comparison)
@@ -383,7 +537,7 @@ def document(comparison, plots):
         trial = row["trial"]
         chosen = ("–" if trial is None else f"{trial}: `" + ", ".join(
             f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in plan["trials"][method][trial].items()) + "`")
+            for k, v in comparison.trial_point(method, trial).items()) + "`")
         split = bimodal(row, chance)
         cells = [(per_seed_text(row, key, split) if split else
                   interval_text([f[key] for f in row["seeds"].values() if key in f]))
@@ -409,8 +563,10 @@ def document(comparison, plots):
             f"**Not finished**: {ended} of {len(finals)} final runs measured; the same "
             f"command continues the comparison, and the report is rewritten from its run "
             f"folders.")))
-    blocks.append(("table", header, body))
-    for said in (against_baselines(rows, runner.baselines(comparison)),
+    found = runner.baseline_figures(comparison)
+    blocks.append(("table", header, body + baseline_rows(comparison, found, len(header))))
+    for said in (against_baselines(rows, found, few_label_title(comparison)),
+                 few_label_spread(comparison, rows, found),
                  split_resolution(rows, images["test"])):
         if said:
             blocks.append(("p", said))
@@ -436,21 +592,41 @@ def document(comparison, plots):
                      "measured\" is not \"equal\".")]
     for file, caption in plots:
         blocks.append(("image", file, caption))
+    blocks += curves.blocks(comparison, rows, {
+        title: [pair for pair in pairs(rows, key)[0] if pair.apart]
+        for key, title, _, _ in PROTOCOLS})
     blocks += [("h", 2, "Every trial on the validation split")]
     trial_rows = []
     for method in arguments["methods"]:
-        for trial, settings in enumerate(plan["trials"][method]):
+        close = comparison.close_trials(method)
+        for trial in comparison.trials_of(method):
             key = comparison.trial_key(method, trial)
             figures = measured(comparison, key)
             entry = comparison.entry(key)
             figure = (f"{figures['knn_top1']:.1f}" if "knn_top1" in figures
                       else "failed" if "failed" in entry else "–")
+            if "spares" in plan and runner.failed_trial(entry):
+                figure += " (failed: replaced)" if "knn_top1" not in figures else (
+                    " (collapse warned: replaced)")
+            second = "–"
+            if trial in close:
+                again = measured(comparison, comparison.tie_key(method, trial))
+                second = f"{again['knn_top1']:.1f}" if "knn_top1" in again else "to run"
             mark = " (chosen)" if rows[method]["trial"] == trial else ""
-            trial_rows.append([method, f"{trial}{mark}", ", ".join(
+            spare = " (spare)" if trial >= len(plan["trials"][method]) else ""
+            trial_rows.append([method, f"{trial}{spare}{mark}", ", ".join(
                 f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                for k, v in settings.items()), figure])
-    blocks += [("table", ["method", "trial", "settings", "validation kNN top-1 (%)"],
-                trial_rows)]
+                for k, v in comparison.trial_point(method, trial).items()), figure, second])
+    blocks += [("p", (
+        "A trial that failed (it stopped itself, or its collapse was warned) is replaced by "
+        "the grid's next point; when trials lie within one standard error of the best "
+        f"(the binomial error on {images['validation']:,} validation images), each is trained "
+        "with a second seed and the mean of the two decides." if "spares" in plan else
+        "Chosen by the validation kNN alone (a plan made before failed trials were replaced "
+        "and close choices settled by a second seed).")),
+        ("table", ["method", "trial", "settings", "validation kNN top-1 (%)",
+                   "second seed (a close choice)"], trial_rows)]
+    blocks += few_label_draw_blocks(comparison, rows, found)
     tables = [(title, pair_table(rows, key)) for key, title, _, _ in PROTOCOLS]
     if any(table for _, table in tables):
         blocks += [("h", 2, "Every pair, with its adjusted p"), ("p", (
@@ -464,6 +640,11 @@ def document(comparison, plots):
     blocks += [("h", 2, "Search spaces"), ("p", (
         "Stated before any result: the encoder's learning rate (the budget's "
         f"{plan['budget_learning_rate']:g} times 1/3, 1 or 3) and the setting each method "
+        "declares (`Setting(search=...)`, with the budget's own value); trial 0 is the budget "
+        "as given, each next trial the point bringing the most values not yet tried (every "
+        "dimension takes as many of its values as the trials allow), ties broken by a "
+        "generator seeded with the comparison's seed and the method's name."
+        if "spares" in plan else
         "declares (`Setting(search=...)`); trial 0 is the budget as given, the others drawn "
         "without replacement, seeded by the comparison's seed and the method's name.")),
         ("list", [f"{m}: " + "; ".join(f"`{k}` in {', '.join(f'{x:g}' if isinstance(x, float) else str(x) for x in v)}"
@@ -655,6 +836,9 @@ def write(comparison):
         plot_accuracy(rows, os.path.join(folder, "accuracy.png"))
         plot_curves(comparison, os.path.join(folder, "curves.png"))
         plot_health(rows, os.path.join(folder, "health.png"))
+    found = curves.final_curves(comparison) or curves.trial_curves(comparison)
+    if found:
+        curves.plot(found, os.path.join(folder, curves.PLOT[0]))
     blocks = document(comparison, plots)
     run_folder.write_text_atomically(os.path.join(folder, "report.md"), markdown(blocks))
     run_folder.write_text_atomically(os.path.join(folder, "report.html"), page(blocks, folder))
@@ -720,24 +904,22 @@ def split_page(text, page_path):
 
 
 def section(comparison, plots, page_path):
-    """The page's quote of the report, ``BEGIN`` to ``END``: the test-split part (the table with
-    the paper's figure beside each row, what each protocol can say, ``plots`` as
-    [(file, caption)]), one heading level down, and the command that wrote it."""
-    from caco_tf.methods import paper_figure
+    """The page's quote of the report, ``BEGIN`` to ``END``: the test-split part (the table,
+    what each protocol can say, ``plots`` as [(file, caption)]), one heading level down, then
+    what the authors report at ImageNet scale (``paper_table``: a table of its own, never
+    beside these images' figures), and the command that wrote it."""
 
     blocks = document(comparison, plots)
     start = blocks.index(("h", 2, "The methods on the test split"))
     end = blocks.index(("h", 2, "Every trial on the validation split"))
     quoted = []
     for block in blocks[start + 1:end]:  # the page's section is the h2: one level down
-        if block[0] == "table":  # the published reference beside each row
-            block = ("table", block[1] + [PAPER_COLUMN],
-                     [row + [paper_figure(row[0])] for row in block[2]])
-        elif block[0] == "h":
+        if block[0] == "h":
             block = ("h", block[1] + 1, block[2])
         elif block[0] == "image":
             block = ("image", f"comparison/{block[1]}", block[2])
         quoted.append(block)
+    quoted += paper_table(comparison)
     quoted.append(("p", (
         f"Written by `caco-compare --out {shown(comparison.folder)} --report-only --publish "
         f"{shown(page_path)}` from `{comparison.plan['command']}` "
@@ -753,4 +935,19 @@ def shown(path):
     return relative if not relative.startswith("..") else os.path.abspath(path)
 
 
-PAPER_COLUMN = "the paper: ImageNet ResNet-50 linear top-1 (%)"
+PAPER_COLUMN = "what the authors report: ImageNet linear top-1 (%), ResNet-50, their epochs"
+
+
+def paper_table(comparison):
+    """What each compared method's authors report at ImageNet scale (its class's
+    ``DOCS_ROW["paper"]``), as blocks: a table of its own, labelled so: other images (1.28
+    million), another network and budget; it says nothing of the figures above."""
+    from caco_tf.methods import paper_figure
+
+    return [("h", 3, "What the authors report at ImageNet scale"), ("p", (
+        "Not a measurement of this comparison, and not comparable with its figures: each "
+        "method's linear top-1 on ImageNet as its authors report it, with a ResNet-50 "
+        "trained for their epochs at their batch sizes (as each method declares it, "
+        "`DOCS_ROW[\"paper\"]` in `caco_tf/methods/`).")),
+        ("table", ["method", PAPER_COLUMN],
+         [[method, paper_figure(method)] for method in comparison.plan["arguments"]["methods"]])]

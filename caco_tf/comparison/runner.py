@@ -34,7 +34,12 @@ from caco_tf.training.run_folder import write_json_atomically
 ENTRY = "comparison.json"  # in each run's folder: what was measured of that run
 # What defines a comparison: a re-run that differs in one of these is another comparison.
 PLAN_KEYS = ("config", "data", "labels", "settings", "methods", "trials", "seeds", "seed",
-             "few_labels", "validation_fraction", "test_fraction", "linear_epochs")
+             "few_labels", "validation_fraction", "test_fraction", "linear_epochs",
+             "curve_every", "curve_images", "few_label_draws")
+# Arguments plans gained after they were first written: {key: (what a plan without it meant,
+# a new plan's default)}.  A command that leaves one unset (None) takes its plan's.
+LATER_ARGUMENTS = {"curve_every": (0, 1), "curve_images": (None, [2000, 1000]),
+                   "few_label_draws": (None, 5)}
 
 
 class Comparison:
@@ -45,6 +50,7 @@ class Comparison:
         absent (the report says what it could not read), instead of a ``StateError``."""
         self.folder = os.path.abspath(folder)
         self.damaged = {} if tolerant else None
+        self.trials_only = False  # a pilot's: the runs on the validation split alone
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise ConfigError(f"--out {folder} is a file: a comparison's folder is needed; "
                               f"pass another --out")
@@ -93,8 +99,14 @@ class Comparison:
     # ------------------------------------------------------------------ the plan
     def start(self, arguments, command):
         """Fix the plan (first start) or check that ``arguments`` are the plan's (a re-run)."""
+        arguments = dict(arguments)
+        for key, (before, default) in LATER_ARGUMENTS.items():
+            if arguments.get(key) is None:
+                arguments[key] = (default if self.plan is None
+                                  else self.plan["arguments"].get(key, before))
         if self.plan is not None:
-            changed = [key for key in PLAN_KEYS if self.plan["arguments"].get(key)
+            changed = [key for key in PLAN_KEYS
+                       if self.plan["arguments"].get(key, LATER_ARGUMENTS.get(key, (None,))[0])
                        != arguments.get(key)]
             if changed:
                 raise ConfigError(
@@ -120,9 +132,12 @@ class Comparison:
             "budget_learning_rate": trials_lib.budget_learning_rate(config),
             "search_spaces": {m: [[k, list(v)] for k, v in trials_lib.search_space(m, config)]
                               for m in methods},
-            "trials": drawn, "fitted": fitted, "images": counts,
+            "trials": {m: designed for m, (designed, _) in drawn.items()},
+            "spares": {m: spares for m, (_, spares) in drawn.items()},
+            "fitted": fitted, "images": counts,
             "epochs": config["train"]["epochs"], "batch_size": config["train"]["batch_size"],
-            "source": pinned,
+            "source": pinned, "knn_k": config["evaluation"]["knn_k"],
+            "knn_temperature": config["evaluation"]["knn_temperature"],
         }
         try:
             self.check()
@@ -152,6 +167,12 @@ class Comparison:
                 f"them, or compare these images in another --out")
 
     def _write_splits(self, arguments, config):
+        """Carve and write the splits (``splits_lib.carve``), each checked (``check_splits``;
+        each few-label draw as the few-label split); {split: images}, the few-label draws
+        counted once (``few_labels``: each holds as many).  ``arguments`` without
+        ``few_label_draws`` take ``FEW_LABEL_DRAWS``, which the plan then records."""
+        if arguments.get("few_label_draws") is None:
+            arguments["few_label_draws"] = FEW_LABEL_DRAWS
         settings = config["data"]
         train, held_out = sources.load_source(arguments["data"], settings["channels"],
                                               settings["data_dir"], settings["manual_dir"])
@@ -161,8 +182,14 @@ class Comparison:
             held_out_labels = labels_of(held_out, arguments["data"], None)[0]
         carved = splits_lib.carve(train_labels, held_out_labels,
                                   arguments["validation_fraction"], arguments["test_fraction"],
-                                  arguments["few_labels"], arguments["seed"])
-        check_splits(carved, train_labels, held_out_labels, arguments, class_names)
+                                  arguments["few_labels"], arguments["seed"],
+                                  draws=arguments["few_label_draws"])
+        draws = splits_lib.few_label_names(arguments["few_labels"], arguments["few_label_draws"])
+        check_splits({n: s for n, s in carved.items() if n not in draws}, train_labels,
+                     held_out_labels, arguments, class_names)
+        for name in draws:
+            check_splits({"few_labels": carved[name]}, train_labels, held_out_labels,
+                         arguments, class_names)
         counts = {}
         for name, (part, positions) in carved.items():
             labels = None
@@ -170,7 +197,7 @@ class Comparison:
                 labels = train_labels[positions]
             write_json_atomically(self.split(name), sources.split_file(
                 arguments["data"], part, positions, labels))
-            counts[name] = len(positions)
+            counts["few_labels" if name in draws else name] = len(positions)
         return counts
 
     # ------------------------------------------------------------------ the runs
@@ -185,20 +212,88 @@ class Comparison:
         data, held_out = ("train", "test") if final else ("tune", "validation")
         return (list(self.plan["arguments"]["settings"])
                 + [f"method.name={method}"] + self.plan["fitted"][method]
-                + trials_lib.assignments(self.plan["trials"][method][trial])
+                + trials_lib.assignments(self.trial_point(method, trial))
                 + [f"data.source=split:{self.split(data)}",
                    f"data.held_out=split:{self.split(held_out)}",
-                   f"train.seed={seed}", f"data.seed={seed}"])
+                   f"train.seed={seed}", f"data.seed={seed}"] + self.curve_settings())
+
+    def curve_settings(self):
+        """The learning curve every run records: each ``curve_every`` epochs, the kNN top-1 of
+        a fixed sample of the validation split against one of the tune split (never the
+        test's), with the budget's kNN (none in a plan written before curves)."""
+        arguments = self.plan["arguments"]
+        every = arguments.get("curve_every", LATER_ARGUMENTS["curve_every"][0])
+        if not every:
+            return []
+        memory, queries = arguments["curve_images"]
+        return [f"evaluation.knn_monitor_every={every}",
+                f"evaluation.knn_monitor_memory=split:{self.split('tune')}",
+                f"evaluation.knn_monitor_queries=split:{self.split('validation')}",
+                f"evaluation.knn_monitor_train_images={memory}",
+                f"evaluation.knn_monitor_test_images={queries}",
+                f"evaluation.knn_monitor_k={self.plan['knn_k']}",
+                f"evaluation.knn_monitor_temperature={self.plan['knn_temperature']}"]
+
+    def trial_point(self, method, trial):
+        """The settings of ``method``'s trial ``trial``: a designed one, else a spare."""
+        designed = self.plan["trials"][method]
+        if trial < len(designed):
+            return designed[trial]
+        return self.plan["spares"][method][trial - len(designed)]
+
+    def tie_key(self, method, trial):
+        """The key of a trial's second run (another seed), which settles a close choice."""
+        return f"{self.trial_key(method, trial)}-seed{self.plan['arguments']['seed'] + 1}"
+
+    def trials_of(self, method):
+        """The trials ``method`` runs: its designed ones and, for each that failed (stopped
+        itself, or its collapse was warned), the next spare while spares last (a plan made
+        before spares replaces none)."""
+        listed = list(range(self.plan["arguments"]["trials"]))
+        spares = len(self.plan.get("spares", {}).get(method, []))
+        replaced = 0
+        for trial in listed:  # grows as replacements are appended
+            if replaced < spares and failed_trial(self.entry(self.trial_key(method, trial))):
+                listed.append(len(self.plan["trials"][method]) + replaced)
+                replaced += 1
+        return listed
+
+    def close_trials(self, method):
+        """The trials whose validation kNN lies within one standard error of the best (the
+        binomial error of the best on the validation split), when more than one does: their
+        choice is settled by a second seed each.  [] in a plan made before (no spares), or
+        while a trial has not finished."""
+        if "spares" not in self.plan:
+            return []
+        entries = {t: self.entry(self.trial_key(method, t)) for t in self.trials_of(method)}
+        if any(not trial_finished(e) for e in entries.values()):
+            return []
+        scores = {t: e["knn_top1"] for t, e in entries.items()
+                  if "knn_top1" in e and not failed_trial(e)}
+        if len(scores) < 2:
+            return []
+        best = max(scores.values())
+        error = validation_error(best, self.plan["images"]["validation"])
+        close = [t for t, score in scores.items() if score >= best - error]
+        return close if len(close) > 1 else []
 
     def runs(self):
         """[(key, method, trial, seed, final)] in the order they run (the module docstring);
-        a final run's trial is None until its method's trials have all finished."""
+        a final run's trial is None until its method's trials have all finished.  A trial's
+        replacement and a close choice's second seeds join as their need is known."""
         arguments = self.plan["arguments"]
         order = []
-        for trial in range(arguments["trials"]):
+        listed = {method: self.trials_of(method) for method in arguments["methods"]}
+        for place in range(max(len(trials) for trials in listed.values())):
             for method in arguments["methods"]:
-                order.append((self.trial_key(method, trial), method, trial, arguments["seed"],
-                              False))
+                if place < len(listed[method]):
+                    trial = listed[method][place]
+                    order.append((self.trial_key(method, trial), method, trial,
+                                  arguments["seed"], False))
+        for method in arguments["methods"]:
+            for trial in self.close_trials(method):
+                order.append((self.tie_key(method, trial), method, trial,
+                              arguments["seed"] + 1, False))
         chosen = {method: self.chosen(method) for method in arguments["methods"]}
         for seed in range(arguments["seeds"]):
             for method in arguments["methods"]:
@@ -206,14 +301,27 @@ class Comparison:
         return order
 
     def chosen(self, method):
-        """The trial with the best validation kNN (the first of a tie; a failed trial loses),
-        or None while one has not finished."""
-        entries = [self.entry(self.trial_key(method, t))
-                   for t in range(self.plan["arguments"]["trials"])]
-        if any("knn_top1" not in e and "failed" not in e for e in entries):
+        """The trial with the best validation kNN (the first of a tie; a failed trial loses
+        to any that did not fail), its close rivals judged by the mean of their two seeds; None
+        while one has not finished."""
+        trials = self.trials_of(method)
+        entries = {t: self.entry(self.trial_key(method, t)) for t in trials}
+        if any(not trial_finished(e) for e in entries.values()):
             return None
-        scores = [e.get("knn_top1", -math.inf) for e in entries]
-        return max(range(len(scores)), key=lambda t: (scores[t], -t))
+        close = self.close_trials(method)
+        if close:
+            seconds = {t: self.entry(self.tie_key(method, t)) for t in close}
+            if any(not trial_finished(e) for e in seconds.values()):
+                return None
+            scores = {t: (entries[t]["knn_top1"] + seconds[t].get("knn_top1", -math.inf)) / 2
+                      for t in close}
+        else:
+            scores = {t: (e.get("knn_top1", -math.inf) - (math.inf if failed_trial(e) and
+                                                           "spares" in self.plan else 0))
+                      for t, e in entries.items()}
+            if all(score == -math.inf for score in scores.values()):  # every trial failed:
+                scores = {t: e.get("knn_top1", -math.inf) for t, e in entries.items()}
+        return max(scores, key=lambda t: (scores[t], -t))
 
     def command(self, key, method, trial, seed, final):
         """The ``caco-train`` command that trains this run (its row's, in the report)."""
@@ -230,21 +338,52 @@ class Comparison:
     def check(self):
         """Every run's configuration loads and its data fit (one line otherwise): before the
         plan is written, not hours into the comparison."""
-        from caco_tf.build import load_data, plan_run
+        from caco_tf.build import batch_cautions, load_data, plan_run
         from caco_tf.run_settings import RunSettings
 
+        cautions = {}  # each warning once, however many runs it concerns
         loaded = {}  # the training images of the trials and of the chosen settings, read once
         for method in self.plan["arguments"]["methods"]:
-            for trial in range(self.plan["arguments"]["trials"]):
+            spares = len(self.plan.get("spares", {}).get(method, []))
+            for trial in range(self.plan["arguments"]["trials"] + spares):
                 for final in (False, True):
                     config = self.config(method, trial, 0, final)
                     try:
                         settings = RunSettings.of(config)
                         if final not in loaded:
                             loaded[final] = load_data(settings.data)[0]
-                        plan_run(settings, loaded[final])
+                        plan = plan_run(settings, loaded[final], warn=False)
                     except UserError as error:
                         raise type(error)(f"{method}, trial {trial}: {error}") from None
+                    cautions.update(dict.fromkeys(batch_cautions(plan)))
+        for caution in cautions:
+            logging.getLogger("caco_tf").warning("warning: %s", caution)
+
+
+def failed_trial(entry):
+    """Whether a trial failed: it stopped itself (a NaN loss, a collapse) or its collapse was
+    warned; it is replaced by a spare and loses the choice to any that did not fail."""
+    return "failed" in entry or bool(entry.get("collapse_warned"))
+
+
+def trial_finished(entry):
+    return "knn_top1" in entry or "failed" in entry
+
+
+def validation_error(top1, images):
+    """One standard error (points) of a top-1 of ``top1`` % measured on ``images`` images."""
+    p = min(max(top1 / 100.0, 0.0), 1.0)
+    return 100.0 * math.sqrt(p * (1 - p) / max(images, 1))
+
+
+def parse_key(key):
+    """(final, method, trial or seed number, seed of a trial's second run or None) of a run's
+    key: ``final/METHOD/seedS``, ``tune/METHOD/trialT`` or ``tune/METHOD/trialT-seedS``."""
+    stage, method, which = key.split("/")
+    if stage == "final":
+        return True, method, int(which.removeprefix("seed")), None
+    trial, _, seed = which.removeprefix("trial").partition("-seed")
+    return False, method, int(trial), int(seed) if seed else None
 
 
 def read_json(path, advice, kind=dict):
@@ -432,8 +571,23 @@ def train(comparison, key, method, trial, seed, final):
     if results is not None:
         entry["knn_top1"] = results["knn_top1"]
         entry.update(health(run_dir))
+        entry["step_flops"] = step_flops(config)
         comparison.save_entry(key, entry)
     return entry
+
+
+def step_flops(config):
+    """The counted model FLOPs of one training step of ``config``'s model
+    (``profiling.method_step_flops``): the compute its curve is read against."""
+    import keras
+
+    from caco_tf.build import build_model
+    from caco_tf.nets import profiling
+
+    keras.backend.clear_session()
+    model = build_model(config, steps_per_epoch=100)
+    return float(profiling.method_step_flops(model, crop_sizes(config),
+                                             config["train"]["batch_size"], config))
 
 
 def note_machine(entry):
@@ -454,12 +608,44 @@ def health(run_dir):
     return {"rank_embedding": last.get("rank_embedding"), "uniformity": last.get("uniformity")}
 
 
-# The evaluations of a final run, each a JSON in its run folder (what the report reads).
+# The evaluations of a final run, each a JSON in its run folder (what the report reads): the
+# linear protocol's, and the few-label linear protocol's of each label draw (``few_label_file``;
+# ``FEW_LABEL``: a plan's one draw, written before the draws).
 LINEAR, FEW_LABEL = "eval_linear.json", "eval_linear_few_labels.json"
+# The few-label draws of a new plan (``--few-label-draws``): a run's few-label figure is their
+# mean, so that it measures the method, not the luck of one draw of labelled images.
+FEW_LABEL_DRAWS = LATER_ARGUMENTS["few_label_draws"][1]
+
+
+def few_label_splits(comparison):
+    """The comparison's few-label splits, one per label draw (``splits.few_label_names``):
+    ``few_labels_0``, ...; a plan written before the draws: its one ``few_labels``."""
+    arguments = comparison.plan["arguments"]
+    return splits_lib.few_label_names(arguments["few_labels"], arguments.get("few_label_draws"))
+
+
+def few_label_file(split):
+    """A run folder's JSON of the few-label evaluation on ``split``
+    (``eval_linear_few_labels_<d>.json``; ``FEW_LABEL`` for ``few_labels``)."""
+    return f"eval_linear_{split}.json"
+
+
+def few_label_summary(values):
+    """The few-label figure of a run (or of a baseline) from its draws' top-1: their mean
+    (``few_label_top1``), each draw's (``few_label_top1_draws``, in draw order) and their
+    standard deviation over the draws (``few_label_top1_sd``; None for one draw)."""
+    values = [float(v) for v in values]
+    mean = sum(values) / len(values)
+    sd = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+          if len(values) > 1 else None)
+    return {"few_label_top1": mean, "few_label_top1_draws": values, "few_label_top1_sd": sd}
 
 
 def evaluate(comparison, key):
-    """A final run's linear and few-label linear top-1 on the test split (once each)."""
+    """A final run's linear top-1 on the test split and its few-label linear top-1 on each
+    label draw (``few_label_splits``), each once: the entry records each draw's figure as it is
+    measured (a stopped run resumes at the next draw), then their mean and standard deviation
+    (``few_label_summary``); a plan written before the draws records its one figure alone."""
     from caco_tf.evaluation import protocols
 
     entry = comparison.entry(key)
@@ -473,58 +659,120 @@ def evaluate(comparison, key):
         write_json_atomically(os.path.join(run_dir, LINEAR), result, indent=1)
         entry["linear_top1"] = result["top1"]
         comparison.save_entry(key, entry)
-    if arguments["few_labels"] and "few_label_top1" not in entry:
-        result = protocols.evaluate(
-            "linear", run=run_dir, data=f"split:{comparison.split('few_labels')}",
-            held_out=f"split:{comparison.split('test')}", **linear)
-        write_json_atomically(os.path.join(run_dir, FEW_LABEL), result, indent=1)
-        entry["few_label_top1"] = result["top1"]
+    draws = few_label_splits(comparison)
+    if draws and "few_label_top1" not in entry:
+        values = list(entry.get("few_label_top1_draws", []))
+        for split in draws[len(values):]:
+            result = protocols.evaluate(
+                "linear", run=run_dir, data=f"split:{comparison.split(split)}",
+                held_out=f"split:{comparison.split('test')}", **linear)
+            write_json_atomically(os.path.join(run_dir, few_label_file(split)), result,
+                                  indent=1)
+            values.append(result["top1"])
+            if split != "few_labels":  # a plan's one draw of old: its figure alone, as before
+                entry["few_label_top1_draws"] = values
+                comparison.save_entry(key, entry)
+        if draws == ["few_labels"]:
+            entry["few_label_top1"] = values[0]
+        else:
+            entry.update(few_label_summary(values))
         comparison.save_entry(key, entry)
     return entry
 
 
-# What training must beat, measured once on the test split: each baseline of caco-evaluate in
-# ``OUT/baselines/NAME_knn.json`` (its JSON).
+# What training must beat, measured once on the test split, each by every probe of the final
+# runs (``baseline_probes``): each baseline of caco-evaluate in ``OUT/baselines/NAME_PROBE.json``
+# (its JSON; ``NAME_knn.json``, ``NAME_linear.json``, ``NAME_few_labels_<d>.json``).
 BASELINES = ("pixels", "untrained")
 
 
-def baseline_path(comparison, name):
-    return os.path.join(comparison.folder, "baselines", f"{name}_knn.json")
+def baseline_probes(comparison):
+    """The probes of the baselines: ``knn``, ``linear`` and each few-label draw
+    (``few_label_splits``); a plan written before the draws, whose baselines were measured by
+    the kNN alone: ``knn`` (what it planned; its report shows the others as not measured)."""
+    if comparison.plan["arguments"].get("few_label_draws") is None:
+        return ["knn"]
+    return ["knn", "linear"] + few_label_splits(comparison)
+
+
+def baseline_path(comparison, name, probe="knn"):
+    return os.path.join(comparison.folder, "baselines", f"{name}_{probe}.json")
 
 
 def measure_baselines(comparison, say=print):
-    """kNN top-1 of the raw pixels and of the untrained network (seeded by the comparison's
-    seed) on the test split, at the budget's image size and kNN settings: what a method has to
-    beat to be worth its training on these images.  Built from the budget as the first method's
-    final runs train it (no run folder is read: a comparison restored from its JSON files
-    measures them again); each once, after a final run has been measured."""
+    """The raw pixels and the untrained network (seeded by the comparison's seed) measured on
+    the test split by every probe (``baseline_probes``): the kNN at the budget's image size and
+    kNN settings, the linear protocol on the training images and on each few-label draw, at
+    ``--linear-epochs``: what a method has to beat to be worth its training on these images.
+    Built from the budget as the first method's final runs train it (no run folder is read: a
+    comparison restored from its JSON files measures them again); each once, after a final run
+    has been measured.  Returns ``baselines`` (the kNN figures)."""
     from caco_tf.evaluation import protocols
 
     if not any("knn_top1" in comparison.entry(key)
                for key, *_, final in comparison.runs() if final):
         return {}
-    seed = comparison.plan["arguments"]["seed"]
-    missing = [name for name in BASELINES if not os.path.exists(baseline_path(comparison, name))]
+    arguments = comparison.plan["arguments"]
+    seed = arguments["seed"]
+    missing = [(name, probe) for probe in baseline_probes(comparison) for name in BASELINES
+               if not os.path.exists(baseline_path(comparison, name, probe))]
     if missing:
-        config = comparison.config(comparison.plan["arguments"]["methods"][0], 0, seed, True)
-    for name in missing:
-        path = baseline_path(comparison, name)
-        result = protocols.evaluate("knn", config=config, baseline=name, seed=seed)
+        config = comparison.config(arguments["methods"][0], 0, seed, True)
+    linear = dict(epochs=arguments["linear_epochs"], verbose=0)
+    for name, probe in missing:
+        path = baseline_path(comparison, name, probe)
+        if probe == "knn":
+            result = protocols.evaluate("knn", config=config, baseline=name, seed=seed)
+        elif probe == "linear":
+            result = protocols.evaluate("linear", config=config, baseline=name, seed=seed,
+                                        **linear)
+        else:  # a few-label draw
+            result = protocols.evaluate(
+                "linear", config=config, baseline=name, seed=seed,
+                data=f"split:{comparison.split(probe)}",
+                held_out=f"split:{comparison.split('test')}", **linear)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json_atomically(path, result, indent=1)
-        say(f"baseline {name}: test kNN {result['top1']:.1f}%")
+        words = {"knn": "kNN", "linear": "linear"}.get(probe, f"few-label ({probe})")
+        say(f"baseline {name}: test {words} {result['top1']:.1f}%")
     return baselines(comparison)
+
+
+def _baseline_top1(comparison, name, probe):
+    result = comparison.read(baseline_path(comparison, name, probe),
+                             f"remove it: the command measures the {name} baseline again")
+    if result is not None and isinstance(result.get("top1"), (int, float)):
+        return float(result["top1"])
+    return None
 
 
 def baselines(comparison):
     """{name: kNN top-1} of the baselines measured (``measure_baselines``)."""
     found = {}
     for name in BASELINES:
-        path = baseline_path(comparison, name)
-        result = comparison.read(path, f"remove it: the command measures the {name} "
-                                       f"baseline again")
-        if result is not None and "top1" in result:
-            found[name] = float(result["top1"])
+        figure = _baseline_top1(comparison, name, "knn")
+        if figure is not None:
+            found[name] = figure
+    return found
+
+
+def baseline_figures(comparison):
+    """{name: {protocol: top-1}} of the baselines measured, by the report's protocol keys:
+    ``knn_top1``, ``linear_top1`` and, once every draw is measured, ``few_label_summary``'s."""
+    found = {}
+    for name in BASELINES:
+        figures = {}
+        for probe, key in (("knn", "knn_top1"), ("linear", "linear_top1")):
+            if probe in baseline_probes(comparison):
+                figure = _baseline_top1(comparison, name, probe)
+                if figure is not None:
+                    figures[key] = figure
+        draws = [split for split in baseline_probes(comparison) if split.startswith("few_")]
+        values = [_baseline_top1(comparison, name, split) for split in draws]
+        if draws and None not in values:
+            figures.update(few_label_summary(values))
+        if figures:
+            found[name] = figures
     return found
 
 
@@ -539,24 +787,24 @@ def class_count(comparison):
 
 
 def finished(comparison, key, final, entry=None):
-    """Whether run ``key`` has everything measured (a failed run is finished too)."""
+    """Whether run ``key`` has everything measured (a failed run is finished too): a final
+    run's few-label figure once every draw is measured."""
     entry = comparison.entry(key) if entry is None else entry
     if "failed" in entry:
         return True
     wanted = ["knn_top1"] + (["linear_top1"] if final else []) + (
-        ["few_label_top1"] if final and comparison.plan["arguments"]["few_labels"] else [])
+        ["few_label_top1"] if final and few_label_splits(comparison) else [])
     return all(name in entry for name in wanted)
 
 
 def run_one(comparison, key, say=print):
     """Train and measure run ``key`` (what it lacks); returns its entry."""
-    stage, method, which = key.split("/")
-    final = stage == "final"
-    number = int(which.removeprefix("seed" if final else "trial"))
+    final, method, number, second_seed = parse_key(key)
     trial, seed = ((comparison.chosen(method), number) if final
-                   else (number, comparison.plan["arguments"]["seed"]))
+                   else (number, second_seed if second_seed is not None
+                         else comparison.plan["arguments"]["seed"]))
     if final and all("failed" in comparison.entry(comparison.trial_key(method, t))
-                     for t in range(comparison.plan["arguments"]["trials"])):
+                     for t in comparison.trials_of(method)):
         entry = {"method": method, "seed": seed, "failed": "every trial stopped itself on the "
                  "validation split (a NaN loss or a collapse): no setting to train"}
         comparison.save_entry(key, entry)
@@ -716,11 +964,14 @@ SECONDS_PER_RUN = 20.0
 
 def estimate_seconds(comparison):
     """The seconds the runs the state lacks will take, from the calibration: the training
-    steps, the kNN at each run's end and, per seed, the linear and few-label evaluations."""
+    steps, the kNN at each run's end and, per seed, the linear evaluation and the few-label
+    one of each label draw not measured yet; then the baselines not measured yet
+    (``baseline_seconds``)."""
     calibration = comparison.state.get("calibration", {})
     costs = comparison.state.get("evaluation")
     plan, images = comparison.plan, comparison.plan["images"]
     arguments = plan["arguments"]
+    draws = len(few_label_splits(comparison))
     total = 0.0
     for key, method, trial, seed, final in comparison.runs():
         entry = comparison.entry(key)  # read once: finished() and the sums below use it
@@ -739,8 +990,31 @@ def estimate_seconds(comparison):
             epochs = arguments["linear_epochs"]
             if "linear_top1" not in entry:
                 total += linear_seconds(costs, images["train"], images["test"], epochs)
-            if arguments["few_labels"] and "few_label_top1" not in entry:
-                total += linear_seconds(costs, images["few_labels"], images["test"], epochs)
+            if draws and "few_label_top1" not in entry:
+                left = draws - len(entry.get("few_label_top1_draws", []))
+                total += left * linear_seconds(costs, images["few_labels"], images["test"],
+                                               epochs)
+    if costs:
+        total += baseline_seconds(comparison, costs)
+    return total
+
+
+def baseline_seconds(comparison, costs):
+    """The seconds the baselines not measured yet will take (``baseline_probes``): the kNN's
+    features of the training and test images, the linear protocol's fits on the training
+    images and on each few-label draw (the raw pixels' features, wider than the network's,
+    are counted as the network's)."""
+    images, epochs = comparison.plan["images"], comparison.plan["arguments"]["linear_epochs"]
+    total = 0.0
+    for name in BASELINES:
+        for probe in baseline_probes(comparison):
+            if os.path.exists(baseline_path(comparison, name, probe)):
+                continue
+            if probe == "knn":
+                total += costs["image_seconds"] * (images["train"] + images["test"])
+            else:
+                total += linear_seconds(costs, images["few_labels" if probe != "linear"
+                                                      else "train"], images["test"], epochs)
     return total
 
 

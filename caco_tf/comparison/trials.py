@@ -3,9 +3,12 @@ space stated before any result is seen.
 
 A method's search space is the encoder's learning rate (the budget's, times
 ``LEARNING_RATE_FACTORS``) and the setting its authors or its known failures say matters most,
-which the method declares beside its others (``Setting(search=...)``).  Trial 0 is the budget as
-given (the configuration's own values); the others are drawn without replacement from the
-rest of the grid by a generator seeded with the comparison's seed and the method's name.
+which the method declares beside its others (``Setting(search=...)``), with the budget's own
+value among them.  Trial 0 is the budget as given (inside the space); the others are chosen so
+that every dimension takes as many of its values as the trials allow (``draw_trials``: with 3
+trials, all three learning rates and all three settings), the ties of that choice broken by a
+generator seeded with the comparison's seed and the method's name; the grid's other points,
+in the same order, are the spares that replace a trial that fails.
 """
 
 import itertools
@@ -24,32 +27,48 @@ def comparison_methods():
 
 
 def search_space(method, config):
-    """[(dotted key, candidate values)] of ``method`` on the budget ``config``."""
+    """[(dotted key, candidate values)] of ``method`` on the budget ``config``: its declared
+    values and the budget's own, sorted."""
     rate = budget_learning_rate(config)
     space = [("train.learning_rate", tuple(_round(rate * f) for f in LEARNING_RATE_FACTORS))]
     for key, setting in METHODS[method].SETTINGS.items():
         if setting.search:
-            space.append((f"method.{method}.{key}", setting.search))
+            dotted = f"method.{method}.{key}"
+            space.append((dotted, tuple(sorted(set(setting.search) | {_current(config, dotted)}))))
     return space
 
 
 def max_trials(methods, config):
-    """The most trials every method can have: the smallest grid's size (trial 0 may lie
-    outside its grid, so one grid point can duplicate it)."""
-    return min(len(list(itertools.product(*(v for _, v in search_space(m, config)))))
-               for m in methods)
+    """The most trials every method can have: the smallest grid's size."""
+    return min(len(grid(search_space(m, config))) for m in methods)
+
+
+def grid(space):
+    """Every point of ``space``, a {dotted key: value} each."""
+    return [dict(zip((k for k, _ in space), values))
+            for values in itertools.product(*(v for _, v in space))]
 
 
 def draw_trials(method, config, count, seed=0):
-    """``count`` trials of ``method``: each a {dotted key: value} of its search space's keys."""
+    """(``count`` trials of ``method``, the spares): {dotted key: value} each, trial 0 the
+    budget.  Each next trial is the grid point that brings the most values not yet tried
+    (then the least tried ones; then the seeded generator's pick), so that every dimension
+    of ``n`` values takes min(count, n) of them; the spares are the rest of the grid in the
+    same order."""
     space = search_space(method, config)
+    points = grid(space)
+    if count > len(points):
+        raise ValueError(f"{method} has {len(points)} trials at most, {count} asked")
     first = {key: _current(config, key) for key, _ in space}
-    grid = [dict(zip((k for k, _ in space), values))
-            for values in itertools.product(*(v for _, v in space))]
-    others = [point for point in grid if point != first]
-    if count - 1 > len(others):
-        raise ValueError(f"{method} has {len(others) + 1} trials at most, {count} asked")
-    return [first] + random.Random(f"{seed}:{method}").sample(others, count - 1)
+    chosen, left = [first], [p for p in points if p != first]
+    generator = random.Random(f"{seed}:{method}")
+    generator.shuffle(left)
+    while left:
+        tried = {key: [p[key] for p in chosen] for key, _ in space}
+        left.sort(key=lambda p: (-sum(p[k] not in tried[k] for k in tried),
+                                 sum(tried[k].count(p[k]) for k in tried)))
+        chosen.append(left.pop(0))  # a stable sort: the shuffle breaks the ties
+    return chosen[:count], chosen[count:]
 
 
 def assignments(trial):

@@ -51,6 +51,8 @@ class ComparisonOracle(keras_tuner.Oracle):
         for key, method, trial, seed, final in self.comparison.runs():
             if key in running or runner.finished(self.comparison, key, final):
                 continue
+            if final and self.comparison.trials_only:
+                continue  # a pilot: the validation split alone
             if final and trial is None:
                 waiting = True  # its method's trials are still running elsewhere
                 continue
@@ -204,7 +206,8 @@ def search(comparison, say=print, timeout=None):
     from caco_tf.training.peers import PeerError
 
     if distributed.is_chief_oracle() and all(
-            runner.finished(comparison, key, final) for key, *_, final in comparison.runs()):
+            runner.finished(comparison, key, final) for key, *_, final in comparison.runs()
+            if not (final and comparison.trials_only)):
         say(f"every run of {comparison.folder} is measured: nothing to serve")
         return
     if timeout is not None:

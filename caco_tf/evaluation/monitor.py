@@ -1,6 +1,8 @@
 """The kNN monitor: weighted kNN top-1 of the backbone's features during pre-training, and the
 labelled samples every kNN of a run reads (the monitor's and the end of training's)."""
 
+import time
+
 import keras
 
 from caco_tf import data
@@ -44,7 +46,9 @@ class KNNMonitor(keras.callbacks.Callback):
         last = self._epochs == epoch + 1
         if logs is None or ((epoch + 1) % self.every and not last):
             return
+        start = time.perf_counter()
         logs[self.name] = self.measure()
+        logs[f"{self.name}_seconds"] = time.perf_counter() - start  # what the curve costs
 
     def measure(self):
         """The kNN top-1 (%) of the current backbone."""
@@ -54,30 +58,47 @@ class KNNMonitor(keras.callbacks.Callback):
 
 
 def knn_monitor(settings, views, train, held_out, strategy=None):
-    """The ``KNNMonitor`` of a run's ``settings`` (``RunSettings``): training labels against
-    the held-out split, or None.
+    """The ``KNNMonitor`` of a run's ``settings`` (``RunSettings``), or None.
 
-    None when ``evaluation.knn_monitor_every`` is 0 or the data has no labelled held-out split.
-    It reads ``knn_sets``, which every replica and worker of ``strategy`` share.
+    Its neighbours and queries are ``evaluation.knn_monitor_memory`` and ``_queries`` when set,
+    else the training images' labels against the held-out split; None when
+    ``evaluation.knn_monitor_every`` is 0 or either has no labels.  It reads ``knn_sets``,
+    which every replica and worker of ``strategy`` share.
     """
-    every = settings.evaluation.knn_monitor_every
-    if not every or held_out is None or not train.has_labels:
+    evaluation = settings.evaluation
+    if not evaluation.knn_monitor_every:
         return None
-    train_set, test_set = knn_sets(settings, views, train, held_out)
-    return KNNMonitor(train_set, test_set, every=every, k=settings.evaluation.knn_monitor_k,
-                      temperature=settings.evaluation.knn_monitor_temperature,
+    memory = _monitor_source(evaluation.knn_monitor_memory, settings.data, train) or train
+    queries = _monitor_source(evaluation.knn_monitor_queries, settings.data, train) or held_out
+    if queries is None or not memory.has_labels:
+        return None
+    counts = (evaluation.knn_monitor_train_images or evaluation.knn_train_images,
+              evaluation.knn_monitor_test_images or evaluation.knn_test_images)
+    train_set, test_set = knn_sets(settings, views, memory, queries, counts=counts)
+    return KNNMonitor(train_set, test_set, every=evaluation.knn_monitor_every,
+                      k=evaluation.knn_monitor_k, temperature=evaluation.knn_monitor_temperature,
                       strategy=strategy)
 
 
-def knn_sets(settings, views, train, held_out, skipped=None):
+def _monitor_source(spec, data_settings, train):
+    if not spec:
+        return None
+    from caco_tf.data import sources
+
+    return sources.load_held_out(spec, train, channels=data_settings.channels,
+                                 data_dir=data_settings.data_dir,
+                                 manual_dir=data_settings.manual_dir)
+
+
+def knn_sets(settings, views, train, held_out, skipped=None, counts=None):
     """``knn.EvalSet``s of the class-balanced samples of ``train`` and ``held_out`` that every
-    kNN of a run reads (``evaluation.knn_train_images``, ``knn_test_images`` of ``settings``, a
-    ``RunSettings``)."""
+    kNN of a run reads: ``counts`` images at most of each (default
+    ``evaluation.knn_train_images``, ``knn_test_images`` of ``settings``, a ``RunSettings``)."""
     evaluation, data_settings = settings.evaluation, settings.data
     classes = data.num_classes(train, held_out)
+    counts = counts or (evaluation.knn_train_images, evaluation.knn_test_images)
     sets = []
-    for source, count in ((train, evaluation.knn_train_images),
-                          (held_out, evaluation.knn_test_images)):
+    for source, count in zip((train, held_out), counts):
         chosen = data.balanced_subset(source, count, classes)
 
         def make(shards, batch_size, chosen=chosen):

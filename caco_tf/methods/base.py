@@ -102,6 +102,7 @@ class Method(keras.Model):
     CROPS = Crops(views=2, local=False)  # the crops it takes (``Crops``)
     EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
     DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
+    BATCH_MATRIX = None            # a D x D matrix it estimates from the batch (its name)
     views_on_device = None  # augment.ColourOnDevice: the views' colour work, in the step
     COLLAPSE_ADVICE = ("lower the learning rate (train.learning_rate) or lengthen its warm-up "
                        "(train.lr_warmup_epochs)")

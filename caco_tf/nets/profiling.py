@@ -17,7 +17,7 @@ import keras
 from caco_tf.nets.layers import NormalizedDense
 
 __all__ = ["CACO_BANK_MATMULS", "MOCO_BANK_MATMULS", "bank_matmul_flops", "forward_flops",
-           "layer_forward_flops", "train_step_flops"]
+           "layer_forward_flops", "method_step_flops", "train_step_flops"]
 
 # [B, D] × [D, K] products of one step, both views together (see ``train_step_flops``).
 # CaCo: MPP of the two keys (2), loss logits of the two queries (2) and their gradient with
@@ -84,3 +84,42 @@ def train_step_flops(encoder_flops, batch, bank_size=0, dim=0,
     products with the bank (``bank_matmuls``, see ``CACO_BANK_MATMULS``).
     """
     return 8 * encoder_flops * batch + bank_matmul_flops(batch, bank_size, dim, bank_matmuls)
+
+
+def method_step_flops(model, crop_sizes, batch, config):
+    """Counted model FLOPs of one training step of a method's ``model`` (``Method``) on
+    ``batch`` images cut into crops of ``crop_sizes`` pixels: the student's forward on every
+    crop three times (forward and backward), the momentum teacher's forward on the two global
+    crops, and the products with a bank, a queue or a support set; ``config`` (the run's)
+    rebuilds a multi-crop backbone at each crop's size."""
+    def network(part, size):
+        if None not in part.input_shape[1:3]:
+            return forward_flops(part)
+        # A multi-crop network takes any size: its backbone built again at this crop's size,
+        # then its projector (on pooled features, the same at every size).
+        from caco_tf.nets import backbones
+
+        settings = config["model"]
+        fixed = backbones.build_backbone(settings["backbone"],
+                                         (size, size, part.input_shape[-1]),
+                                         widths=settings["widths"],
+                                         pool_grid=settings["pool_grid"])
+        return forward_flops(fixed) + forward_flops(model.projector)
+
+    def head(layer):  # a functional head, or one layer called outside a graph (prototypes)
+        return (forward_flops(layer) if isinstance(layer, keras.Model)
+                else 2 * math.prod(layer.kernel.shape) if hasattr(layer, "kernel") else 0)
+
+    heads = sum(head(h) for h in model.heads)
+    student = sum(network(model.query_encoder, size) + heads for size in crop_sizes)
+    teacher = 0
+    if model.TEACHER == "momentum":
+        teacher = 2 * network(model.key_encoder, crop_sizes[0])
+    rows = 0  # rows of a bank, queue or support set each view's embedding meets
+    if model.memory_bank is not None and model.method == "caco":
+        rows = model.memory_bank.size * CACO_BANK_MATMULS / 2
+    elif model.memory_bank is not None:
+        rows = model.memory_bank.size * MOCO_BANK_MATMULS / 2
+    elif getattr(model, "support_set", None) is not None:
+        rows = model.support_set.size  # the nearest-neighbour search, no gradient
+    return batch * (3 * student + teacher) + 2 * 2 * batch * rows * model.embedding_dim

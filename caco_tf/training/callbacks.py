@@ -292,11 +292,17 @@ class Throughput(keras.callbacks.Callback):
     """Per epoch, into the logs: ``step_ms`` (mean wall time of a step), ``images_per_s``
     (global batch × steps / time) and ``data_wait``, the share of that time the steps waited
     for their batches (``ContrastiveMethod.input_wait``): near 0 when the input pipeline
-    keeps up, towards 1 when it stalls training.  The first epoch includes compiling."""
+    keeps up, towards 1 when it stalls training.  The first epoch includes compiling.
 
-    def __init__(self, global_batch):
+    And the compute a learning curve is read against: ``steps`` and ``images_seen`` since the
+    run began, and ``train_seconds``, the epoch's steps' time (``step_ms`` × the epoch's
+    steps: an epoch resumed after a stop counts as if never stopped; the epoch's end — the
+    monitor, the checkpoint — is not in it)."""
+
+    def __init__(self, global_batch, steps_per_epoch=None):
         super().__init__()
         self.global_batch = int(global_batch)
+        self.steps_per_epoch = steps_per_epoch
         self._start = self._last = None
         self._steps = 0
 
@@ -322,6 +328,10 @@ class Throughput(keras.callbacks.Callback):
         logs["step_ms"] = 1000.0 * elapsed / self._steps
         logs["images_per_s"] = self.global_batch * self._steps / elapsed
         logs["data_wait"] = min(1.0, getattr(self.model, "input_wait", 0.0) / elapsed)
+        steps = self._iterations()
+        logs["steps"], logs["images_seen"] = steps, steps * self.global_batch
+        if self.steps_per_epoch:
+            logs["train_seconds"] = logs["step_ms"] * self.steps_per_epoch / 1000.0
 
 
 # Collapse thresholds of every method (documented in docs/health.md), measured on the offline
