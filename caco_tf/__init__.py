@@ -21,14 +21,10 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 __version__ = "0.4.0"  # pyproject.toml reads it; CHANGELOG.md says what changed
 
-# Public name → the module that defines it.
+# Public name → the module that defines it.  Besides these, every method's class by its name
+# (``CaCo``, ``BYOL``, ...): the registry's (``caco_tf.methods.METHODS``), read on first use.
 _API = {
-    "CaCo": "caco_tf.methods.caco",
-    "MoCoV2": "caco_tf.methods.moco_v2",
-    "SimCLR": "caco_tf.methods.simclr",
-    "InBatch": "caco_tf.methods.in_batch",
-    "NearestNeighbourPositive": "caco_tf.methods.nn_positive",
-    "AdversarialNegatives": "caco_tf.methods.adversarial_negatives",
+    "Method": "caco_tf.methods.base",
     "ContrastiveMethod": "caco_tf.methods.contrastive",
     "MemoryBank": "caco_tf.methods.memory_bank",
     "MomentumEncoder": "caco_tf.methods.momentum_encoder",
@@ -67,16 +63,27 @@ _API = {
     "ConfigError": "caco_tf.errors",
     "DataError": "caco_tf.errors",
 }
-__all__ = sorted(_API)
+
+
+def _method_classes():
+    """{class name: class} of every registered method."""
+    from caco_tf.methods import METHODS
+
+    return {cls.__name__: cls for cls in METHODS.values()}
 
 
 def __getattr__(name):
-    if name not in _API:
+    if name == "__all__":  # the method classes' names need the registry, so TensorFlow
+        value = sorted(set(_API) | set(_method_classes()))
+    elif name in _API:
+        value = getattr(importlib.import_module(_API[name]), name)
+    elif name[:1].isupper() and name in (classes := _method_classes()):  # "_x" imports nothing
+        value = classes[name]
+    else:
         raise AttributeError(f"module 'caco_tf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_API[name]), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__getattr__("__all__")))

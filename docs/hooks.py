@@ -3,7 +3,8 @@
 ``<!-- configuration-reference -->`` in a page becomes the table of every configuration key:
 its default, what it accepts and what it does, as ``SETTINGS`` in ``caco_tf/config.py``
 declares them; ``<!-- methods-table -->`` the table of the methods, from what each method class
-declares (``caco_tf.methods.docs_table``), so a new method's file adds its row.
+declares (``caco_tf.methods.docs_table``), so a new method's file adds its row;
+``<!-- method-classes -->`` the API reference of every registered method's class.
 """
 
 import json
@@ -11,11 +12,12 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARKERS = ("<!-- configuration-reference -->", "<!-- methods-table -->")
+MARKERS = ("<!-- configuration-reference -->", "<!-- methods-table -->",
+           "<!-- method-classes -->")
 
 
 def on_page_markdown(markdown, page, config, files):
-    for marker, table in zip(MARKERS, (configuration_reference, methods_table)):
+    for marker, table in zip(MARKERS, (configuration_reference, methods_table, method_classes)):
         if marker in markdown:
             markdown = markdown.replace(marker, table())
     return markdown
@@ -50,3 +52,11 @@ def methods_table():
     from caco_tf.methods import docs_table
 
     return "\n".join(docs_table())
+
+
+def method_classes():
+    """mkdocstrings' directive of each registered method's class, in the registry's order."""
+    sys.path.insert(0, ROOT)
+    from caco_tf.methods import METHODS
+
+    return "\n\n".join(f"::: {cls.__module__}.{cls.__name__}" for cls in METHODS.values())

@@ -3,8 +3,11 @@
 A method is its file: a ``Method`` subclass that names itself (``method = "byol"``) and
 declares its settings (``SETTINGS``, the section ``method.<name>`` of every configuration), its
 parts, its advice and its row of the documentation (``DOCS_ROW``).  Every module of this package
-is read here, and each class that names itself is registered (``METHODS``): nothing else lists
-the methods, so adding one touches its file, its loss in ``caco_tf/losses.py`` and its test.
+is read here, and each class that names itself is registered (``METHODS``).  Every other list
+of the methods is generated from it (docs/methods.md's table, the API reference, ``caco_tf``'s
+exports) or checked against it by tests/test_method_lists.py (the tables that prose surrounds,
+the offline configurations' sections): adding a method touches its file, its loss in
+``caco_tf/losses.py``, its test, and the rows that test asks for.
 
 ``base.py`` holds what every method shares (the parts, the one step, the Keras plumbing),
 ``contrastive.py`` the InfoNCE family (CaCo, its ablation rows, MoCo v2, SimCLR),
