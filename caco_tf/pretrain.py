@@ -178,13 +178,13 @@ def _run(config, settings, folder, strategy, chief, verbose, stack):
             if isinstance(logger, keras.callbacks.TensorBoard):
                 logger.on_train_end()  # closes its event files: the curves so far are kept
         raise
-    if model.unhealthy:
+    if model.stop_reason:
         last = folder.read_backup()
         kept = (f"its last good state (epoch {last.epoch}) is kept in {folder.backup}"
                 if last else "no epoch finished before")
-        advice = (model.DIVERGENCE_ADVICE if "loss became" in model.unhealthy
+        advice = (model.DIVERGENCE_ADVICE if model.stop_reason.kind == "divergence"
                   else model.COLLAPSE_ADVICE)
-        raise TrainingStopped(f"the run stopped: {model.unhealthy}; {kept}; {advice}")
+        raise TrainingStopped(f"the run stopped: {model.stop_reason}; {kept}; {advice}")
     if signals.received:  # during the last epoch's end: its state is saved
         resume.stop(settings.train.epochs, 0)
 

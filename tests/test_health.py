@@ -11,6 +11,7 @@ import tensorflow as tf
 from caco_tf import health
 from caco_tf.training import callbacks
 from caco_tf.training.run_folder import RunFolder
+from caco_tf.training.stop_reason import StopReason
 
 
 def _unit(x):
@@ -94,7 +95,8 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_
     resume = callbacks.Resume(str(tmp_path), steps_per_epoch=3)
     history = model.fit(dataset, epochs=2, steps_per_epoch=3, callbacks=[guard, resume],
                         verbose=0)
-    assert model.unhealthy == "the loss became nan at step 5 (epoch 2, batch 2)"
+    assert model.stop_reason == StopReason("divergence",
+                                           "the loss became nan at step 5 (epoch 2, batch 2)")
     assert len(history.history["loss"]) == 2 and np.isnan(history.history["loss"][1])
     backup = RunFolder(str(tmp_path)).read_backup()
     assert backup.epoch == 1  # epoch 2 was not saved
@@ -104,13 +106,21 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_good_state(tmp_
     assert int(restored.optimizer.iterations.numpy()) == 3
 
 
+
+def test_a_stop_reason_is_a_divergence_or_a_collapse_and_reads_as_its_message():
+    reason = StopReason("collapse", "a collapse after epoch 3 (why)")
+    assert str(reason) == "a collapse after epoch 3 (why)" and f"{reason}" == str(reason)
+    with pytest.raises(ValueError, match="kind is one of divergence, collapse, got 'nan'"):
+        StopReason("nan", "the loss became nan")
+
+
 class _Run:
     """What HealthMonitor reads of a model: its warm-up length, step counter and own check."""
 
     COLLAPSE_ADVICE = "advice"
 
     def __init__(self, warmup_steps):
-        self.warmup_steps, self.unhealthy, self.stop_training = warmup_steps, None, False
+        self.warmup_steps, self.stop_reason, self.stop_training = warmup_steps, None, False
         self.optimizer = types.SimpleNamespace(iterations=tf.Variable(0, dtype=tf.int64))
 
     def collapse(self, logs, epoch):
@@ -129,14 +139,14 @@ def test_the_collapse_rule_judges_the_epochs_after_the_warm_up(caplog):
     for epoch, logs in enumerate([bunched, bunched, spread, bunched, bunched]):
         run.optimizer.iterations.assign(10 * (epoch + 1))
         guard.on_epoch_end(epoch, dict(logs))
-        epochs.append((run.unhealthy, run.stop_training))
+        epochs.append((run.stop_reason, run.stop_training))
         if run.stop_training:
             break
     # The warm-up's bunched epochs pass (recorded, not judged); the first bunched epoch after
     # it warns once and, with stop_on_collapse, stops the run there.
     assert epochs[:3] == [(None, False)] * 3
-    assert epochs[3] == ("a collapse after epoch 4 (the embeddings bunch together (uniformity "
-                         "-0.050, above -0.2))", True)
+    assert epochs[3] == (StopReason("collapse", "a collapse after epoch 4 (the embeddings bunch "
+                                    "together (uniformity -0.050, above -0.2))"), True)
     assert len(epochs) == 4
     warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("warning: collapse after epoch 4: ")
@@ -149,7 +159,7 @@ def test_without_a_warm_up_the_first_epoch_is_judged(caplog):
     for epoch in range(2):
         run.optimizer.iterations.assign(10 * (epoch + 1))
         guard.on_epoch_end(epoch, {"rank_embedding": 1.2})
-    assert run.unhealthy is None and not run.stop_training
+    assert run.stop_reason is None and not run.stop_training
     warnings = [r.getMessage() for r in caplog.records if "collapse" in r.getMessage()]
     assert warnings == [warnings[0]] and "after epoch 1: the embeddings' effective rank is 1.20" \
         in warnings[0]

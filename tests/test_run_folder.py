@@ -352,7 +352,7 @@ def test_the_epoch_checkpoint_is_the_resume_checkpoint_written_once(model, tmp_p
     folder = RunFolder(str(tmp_path))
     checkpoint = callbacks.Checkpoint(folder.checkpoint, folder)
     checkpoint.set_model(model)
-    model.unhealthy = None
+    model.stop_reason = None
     model.optimizer.iterations.assign(30)
     folder.write_backup(model, 2, 0, 15)
     checkpoint.on_epoch_end(1)

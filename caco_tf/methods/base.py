@@ -109,6 +109,7 @@ class Method(keras.Model):
     DIVERGENCE_ADVICE = ("lower the learning rate (train.learning_rate) or use train.precision "
                          "float32")     # what to change when its loss becomes NaN or infinite
     TEACHER_NAME = "teacher"       # the momentum teacher's name in ``summary``
+    stop_reason = None  # why its run stopped itself (training.stop_reason, HealthMonitor sets it)
     # docs/methods.md's row, beside what the attributes above say: the state it keeps, the
     # quantities it reduces over the global batch and, without a momentum teacher, what
     # serves as one ("teacher") (``caco_tf.methods.docs_table``).

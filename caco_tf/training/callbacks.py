@@ -20,6 +20,7 @@ from caco_tf.nets import layers
 from caco_tf.training import peers
 from caco_tf.errors import ConfigError
 from caco_tf.training.interrupts import Interrupted
+from caco_tf.training.stop_reason import StopReason
 from caco_tf.training.run_folder import (RunFolder, link_atomically, read_history,
                                          save_weights_atomically, write_json_atomically)
 
@@ -75,7 +76,7 @@ class Resume(keras.callbacks.Callback):
 
     Only the writer (the chief) saves; every process restores the same state (under
     MultiWorkerMirroredStrategy all read the chief's).  Nothing is saved after an epoch that
-    ``HealthMonitor`` marked unhealthy (``model.unhealthy``): the last good state stays.
+    ``HealthMonitor`` stopped the run in (``model.stop_reason``): the last good state stays.
 
     Args:
       run_dir: the run folder (a path or a ``RunFolder``).
@@ -202,11 +203,11 @@ class Resume(keras.callbacks.Callback):
         return bool(stop_flag > 0), bool(due_flag > 0)
 
     def on_epoch_end(self, epoch, logs=None):
-        if not getattr(self.model, "unhealthy", None):
+        if not getattr(self.model, "stop_reason", None):
             self._save(epoch + 1, 0)
 
     def _save(self, epoch, step):
-        if getattr(self.model, "unhealthy", None):
+        if getattr(self.model, "stop_reason", None):
             return
         # Read on every worker (a distributed metric's value may be a collective).
         metrics = ({metric.name: [np.asarray(v.numpy()).tolist() for v in metric.variables]
@@ -246,7 +247,7 @@ class Resume(keras.callbacks.Callback):
 
 
 class Checkpoint(keras.callbacks.Callback):
-    """The weights after every epoch, except after an unhealthy one, written atomically
+    """The weights after every epoch, except after one the run stopped in, written atomically
     (``run_folder.save_weights_atomically``).
 
     ``folder``: the ``RunFolder`` whose resume checkpoint of the same epoch's end, when
@@ -258,7 +259,7 @@ class Checkpoint(keras.callbacks.Callback):
         self.path, self.folder = path, folder
 
     def on_epoch_end(self, epoch, logs=None):
-        if getattr(self.model, "unhealthy", None):
+        if getattr(self.model, "stop_reason", None):
             return
         newest = self.folder.newest if self.folder is not None else None
         if newest and newest[:2] == (epoch + 1, 0) and os.path.exists(newest[2]):
@@ -383,7 +384,8 @@ class HealthMonitor(keras.callbacks.Callback):
     prints one warning line saying what to change (the method's ``COLLAPSE_ADVICE``), once;
     ``stop_on_collapse`` also stops the run, keeping the last good checkpoint.  A NaN or Inf
     loss always stops the run at once, keeps the last good checkpoint and says at which step:
-    ``model.unhealthy`` then holds the reason (``Resume`` and ``Checkpoint`` save nothing more).
+    ``model.stop_reason`` then holds why (a ``StopReason``; ``Resume`` and ``Checkpoint`` save
+    nothing more).
 
     Args:
       sample: batches of normalized images (or (images, labels)), the same every epoch.
@@ -400,24 +402,25 @@ class HealthMonitor(keras.callbacks.Callback):
         self._encode = None
 
     def on_train_begin(self, logs=None):
-        self.model.unhealthy = None
+        self.model.stop_reason = None
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
-        if loss is None or self.model.unhealthy:
+        if loss is None or self.model.stop_reason:
             return
         value = float(np.asarray(loss).reshape(-1)[0])
         if not np.isfinite(value):
             step = int(self.model.optimizer.iterations.numpy())
-            self.model.unhealthy = (f"the loss became {value} at step {step} (epoch "
-                                    f"{self._epoch + 1}, batch {batch + 1})")
+            self.model.stop_reason = StopReason("divergence", (
+                f"the loss became {value} at step {step} (epoch {self._epoch + 1}, batch "
+                f"{batch + 1})"))
             self.model.stop_training = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None or self.model.unhealthy:
+        if logs is None or self.model.stop_reason:
             return
         if self.sample is not None:
             logs.update(self.ranks())
@@ -433,7 +436,8 @@ class HealthMonitor(keras.callbacks.Callback):
                 "warning: collapse after epoch %d: %s; %s", epoch + 1, reason,
                 self.model.COLLAPSE_ADVICE)
         if reason and self.stop_on_collapse:
-            self.model.unhealthy = f"a collapse after epoch {epoch + 1} ({reason})"
+            self.model.stop_reason = StopReason(
+                "collapse", f"a collapse after epoch {epoch + 1} ({reason})")
             self.model.stop_training = True
 
     def in_warmup(self):
