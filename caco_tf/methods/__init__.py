@@ -9,11 +9,13 @@ exports) or checked against it by tests/test_method_lists.py (the tables that pr
 the offline configurations' sections): adding a method touches its file, its loss in
 ``caco_tf/losses.py``, its test, and the rows that test asks for.
 
-``base.py`` holds what every method shares (the parts, the one step, the Keras plumbing),
-``contrastive.py`` the InfoNCE family (CaCo, its ablation rows, MoCo v2, SimCLR),
-``bank_warmup.py`` the bank warm-up, ``memory_bank.py`` the bank, ``momentum_encoder.py`` the
-teacher, ``state.py`` queues and the center.  docs/methods.md has each method's equations beside
-its code, and the table ``docs_table`` writes.
+What every method shares: ``algorithm.py`` what a method declares, the hooks of its step and
+its parts, ``base.py`` the Keras model that trains it (the one step, phases, trackers, fit,
+export, summary, serialization), ``online_probe.py`` the online probe, ``summary.py`` the parts'
+table, ``old_files.py`` older versions' files; ``contrastive.py`` the InfoNCE family (CaCo, its
+ablation rows, MoCo v2, SimCLR), ``bank_warmup.py`` the bank warm-up, ``memory_bank.py`` the
+bank, ``momentum_encoder.py`` the teacher, ``state.py`` queues and the center.  docs/methods.md
+has each method's equations beside its code, and the table ``docs_table`` writes.
 """
 
 import importlib

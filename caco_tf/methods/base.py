@@ -1,5 +1,5 @@
-"""What every method shares: its parts, the one step they all run, the metric trackers, the
-online probe and the Keras plumbing.
+"""The Keras model that trains every method: the one step they all run, its phases, the metric
+trackers, and the Keras plumbing (compile, fit, export, summary, serialization).
 
 A method is a ``keras.Model`` whose step is its algorithm, read top to bottom (``_step``):
 
@@ -14,28 +14,12 @@ A method is a ``keras.Model`` whose step is its algorithm, read top to bottom (`
 5. after the step (``after_step``): the teacher follows the student (EMA), SwAV's prototypes
    return to the unit sphere.
 
-A method declares the crops it takes (``CROPS``): two views, K equal views (W-MSE's), or two
-global crops then local ones (multi-crop: CaCo, SwAV, DINO).  The views follow from it
-(``caco_tf.build.build_views``) and every kind runs the same step: the crops come as one tuple,
-the global crops first.
+A run's steps are phases (``phases``): the warm-up, then the method's, split where a frozen
+head thaws.
 
-A method declares its parts; the base builds and trains them:
-
-- the student: ``backbone`` → ``projector``, whose raw projection (``project``) the default
-  ``forward`` gives (the embedding network ``query_encoder`` adds the L2 normalization, for
-  the methods that work on the unit sphere), then the heads it names in ``HEADS`` (a
-  predictor, prototypes, DINO's last layer), which it builds in ``build_heads``;
-- the teacher, ``TEACHER``: ``"momentum"`` (an EMA copy of the embedding network and the
-  ``TEACHER_HEADS``, its momentum the setting ``key_momentum``) or None (a method whose
-  targets are its own outputs stops their gradient in its loss: SimSiam, SwAV);
-- its state, built in ``build_state``: a bank (``MemoryBank``), a queue or a center;
-- its settings, ``SETTINGS``: the section ``method.<name>`` of a run's configuration, each
-  setting the constructor argument of its name (``caco_tf.config.Setting``).
-
-A method may offer a warm-up that runs before its own steps (``WARMUP``: the bank warm-up,
-``bank_warmup.BankWarmup``, a part it opts into as it opts into a momentum teacher), switched
-on by ``warmup_steps``.  A run's steps are phases (``phases``): the warm-up, then the
-method's, split where a frozen head thaws.
+What a method declares, the hooks its step calls and the parts it builds are its algorithm's
+(``algorithm.Algorithm``); its online probe is ``online_probe``'s, its summary's parts
+``summary``'s, and the files of older versions ``old_files``'.
 """
 
 import collections
@@ -43,31 +27,27 @@ import collections
 import keras
 import tensorflow as tf
 
-from caco_tf import health, losses
-from caco_tf.methods.momentum_encoder import UNIT_LAYER, MomentumEncoder, build_encoder
+from caco_tf import health
+from caco_tf.methods import old_files, online_probe
+from caco_tf.methods.algorithm import Algorithm, Crops, Objective
+from caco_tf.methods.momentum_encoder import UNIT_LAYER
 from caco_tf.methods.summary import parts_table
 from caco_tf.training import distribute, steps
-
-# What ``objective`` gives (EXACT_GRADIENT methods): the loss, its gradient with respect to the
-# outputs (their structure), and the method's diagnostics ({name: value}).
-Objective = collections.namedtuple("Objective", "loss gradients diagnostics")
 
 # A run's phase: from ``first_step`` on, the step of ``hooks`` (the method or the warm-up), the
 # ``frozen`` heads left out of the optimizer; ``on_enter`` runs once at ``first_step``.
 Phase = collections.namedtuple("Phase", "first_step hooks frozen on_enter")
 
-# The crops a method takes: ``views`` equal full-size views of each image (2, or K: a number or
-# the name of the method's setting that gives it), and whether local crops may follow the two
-# global ones (``local``: multi-crop, ``data.views multicrop``).
-Crops = collections.namedtuple("Crops", "views local")
-
 # Arguments every method takes besides its own SETTINGS (build_model gives them).
 COMMON_ARGUMENTS = ("warmup_steps", "online_probe_classes", "multi_crop", "sync_batchnorm",
                     "preprocessing", "run_settings")
 
+# A method's file takes the types of its declarations (Crops, Objective) from here too.
+__all__ = ["COMMON_ARGUMENTS", "Crops", "Method", "Objective", "Phase"]
+
 
 @keras.saving.register_keras_serializable(package="caco_tf")
-class Method(keras.Model):
+class Method(Algorithm, keras.Model):
     """The shared base of the methods (``caco_tf.methods``); see the module docstring.
 
     Args:
@@ -91,31 +71,8 @@ class Method(keras.Model):
     state, the optimizer and the step; ``export`` (SavedModel, ONNX, LiteRT); ``summary``.
     """
 
-    method = None                  # the name ``method.name`` gives it
-    SETTINGS = {}                  # its own settings: method.<method>.<key>
-    SETTINGS_OF = None             # the method whose settings it reads instead (ablation rows)
-    TEACHER = None                 # "momentum" or None
-    TEACHER_HEADS = ()             # heads the momentum teacher copies (DINO's last layer)
-    WARMUP = None                  # the part run before its steps (bank_warmup.BankWarmup)
-    HEADS = ()                     # the student's heads, by attribute name
-    PROJECTOR = {}                 # the projector's shape (nets.backbones.build_mlp; CaCo's)
-    CROPS = Crops(views=2, local=False)  # the crops it takes (``Crops``)
-    EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
-    DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
-    BATCH_MATRIX = None            # a D x D matrix it estimates from the batch (its name)
     views_on_device = None  # augment.ColourOnDevice: the views' colour work, in the step
-    COLLAPSE_ADVICE = ("lower the learning rate (train.learning_rate) or lengthen its warm-up "
-                       "(train.lr_warmup_epochs)")
-    DIVERGENCE_ADVICE = ("lower the learning rate (train.learning_rate) or use train.precision "
-                         "float32")     # what to change when its loss becomes NaN or infinite
-    TEACHER_NAME = "teacher"       # the momentum teacher's name in ``summary``
     stop_reason = None  # why its run stopped itself (training.stop_reason, HealthMonitor sets it)
-    # docs/methods.md's row, beside what the attributes above say: the state it keeps, the
-    # quantities it reduces over the global batch and, without a momentum teacher, what
-    # serves as one ("teacher") (``caco_tf.methods.docs_table``).
-    # docs/methods.md's row: the state it keeps, what it reduces over the global batch, and
-    # the paper's ImageNet ResNet-50 linear top-1 (%) of the method (its tables 200/800/multi).
-    DOCS_ROW = {"state": "–", "global batch": "–", "paper": "–"}
 
     def __init__(self, backbone, projector, warmup_steps=0, online_probe_classes=None,
                  multi_crop=False, sync_batchnorm=False, preprocessing=None, run_settings=None,
@@ -145,16 +102,7 @@ class Method(keras.Model):
         if self.warmup_steps and self.WARMUP is None:
             raise ValueError(f"method {self.method!r} has no bank warm-up")
 
-        self.backbone = backbone
-        self._projector_name = projector.name  # its layer in the embedding network
-        self.query_encoder = build_encoder(backbone, projector, "query_encoder")
-        self.build_heads()
-        self.key_encoder = (self.momentum_teacher(self.key_momentum)
-                            if self.TEACHER == "momentum" else None)
-        self.memory_bank = None
-        self.build_state()
-        # The warm-up adds what it needs and the method lacks (a bank, a key encoder).
-        self.warmup = self.WARMUP(self) if self.warmup_steps else None
+        self.build_parts(backbone, projector)
 
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.diagnostic_trackers = [keras.metrics.Mean(name=name) for name in self.DIAGNOSTICS]
@@ -166,100 +114,8 @@ class Method(keras.Model):
         self.input_wait = 0.0  # seconds the steps waited for their batches (a data stall)
         self.waiting_for_input = False
 
-        self.online_probe = None
-        if online_probe_classes:
-            # Parameter-free standardization, then one Dense: the features' scale then sets
-            # neither the probe's speed nor its learning rate.
-            self.online_probe = keras.Sequential([
-                keras.Input((backbone.output_shape[-1],)),
-                keras.layers.BatchNormalization(center=False, scale=False, momentum=0.9,
-                                                dtype="float32"),
-                keras.layers.Dense(online_probe_classes, dtype="float32")], name="online_probe")
-            self.probe_optimizer = keras.optimizers.Adam(1e-2)
-            self.probe_top1 = keras.metrics.SparseCategoricalAccuracy(name="probe_top1")
+        online_probe.attach(self, online_probe_classes)
         self.built = True  # every variable exists now; Keras' restore callbacks need this
-
-    # ------------------------------------------------------------------ what a method declares
-    @classmethod
-    def argument_defaults(cls):
-        """{constructor argument: default} of the method's settings (``SETTINGS``); a setting
-        counted in epochs is an argument in steps (default 0)."""
-        return {setting.argument or key: 0 if setting.in_steps else setting.default
-                for key, setting in cls.SETTINGS.items() if setting.passed}
-
-    @classmethod
-    def view_count(cls, settings=None):
-        """K, the equal full-size views it takes of each image (``CROPS.views``); ``settings``:
-        its section of a run's configuration (else its defaults)."""
-        views = cls.CROPS.views
-        if isinstance(views, int):
-            return views
-        return (settings or {}).get(views, cls.SETTINGS[views].default)
-
-    @classmethod
-    def crops_wording(cls):
-        """What it takes, in words (docs/methods.md's table, its errors)."""
-        views = cls.CROPS.views
-        words = f"{views} views" if isinstance(views, int) else (
-            f"K equal views (method.{cls.method}.{views}, default "
-            f"{cls.SETTINGS[views].default})")
-        return words + (", or 2 global crops then local crops" if cls.CROPS.local else "")
-
-    @classmethod
-    def check_batch(cls, settings, replica_batch, embedding_dim):
-        """Why the method cannot train on a replica's batch of ``replica_batch`` images with
-        ``embedding_dim``-dimensional projections (one line naming the setting to change), or
-        None; ``settings``: its section of the run's configuration.  Asked before anything is
-        built (``caco_tf.build.check_sizes``)."""
-
-    def build_heads(self):
-        """Build the student's heads (``HEADS``)."""
-
-    def build_state(self):
-        """Build the method's state (``self.memory_bank``, a queue, a center)."""
-
-    def _create_method_trackers(self):
-        """Trackers beyond ``DIAGNOSTICS`` (CaCo's MPPs), which ``method_metrics`` lists."""
-
-    def method_metrics(self):
-        return []
-
-    @classmethod
-    def projector_shape(cls, settings):
-        """``build_mlp``'s arguments for a run whose method section is ``settings``."""
-        return cls.PROJECTOR
-
-    @property
-    def embedding_dim(self):
-        return int(self.query_encoder.output_shape[-1])
-
-    @property
-    def projector(self):  # inside the embedding network: backbone → projector → L2
-        return self.query_encoder.get_layer(self._projector_name)
-
-    @property
-    def heads(self):
-        return [getattr(self, name) for name in self.HEADS]
-
-    def _teacher_heads(self):
-        return [getattr(self, name) for name in self.TEACHER_HEADS]
-
-    def momentum_teacher(self, momentum):
-        """An EMA copy (``MomentumEncoder``) of the embedding network and the
-        ``TEACHER_HEADS``, equal to them now; ``momentum``: a float or a schedule of the step."""
-        return MomentumEncoder.following(
-            [self.query_encoder] + self._teacher_heads(), self.backbone, self.projector,
-            momentum, heads=self._teacher_heads())
-
-    def _chain_variables(self, heads):
-        """The embedding network's trainable variables, then those of ``heads``."""
-        return self.query_encoder.trainable_variables + [
-            v for head in heads for v in head.trainable_variables]
-
-    @property
-    def student_variables(self):
-        """Every trainable variable the loss trains, in the optimizer's order."""
-        return self._chain_variables(self.heads)
 
     def phases(self):
         """The run's phases (``Phase``): the warm-up while the step counter is below
@@ -274,62 +130,6 @@ class Method(keras.Model):
             phases.append(Phase(start, self, frozen,
                                 warmup_end if start == self.warmup_steps else None))
         return phases
-
-    def frozen_until(self):
-        """{head attribute name: the step at which it starts training}; none by default."""
-        return {}
-
-    # ------------------------------------------------------------------ what a method gives
-    def targets(self, crops, training):
-        """The teacher's outputs [t¹, t²] for the global crops (pre-step); None without a
-        momentum teacher."""
-        if self.TEACHER != "momentum":
-            return None
-        return [self.key_encoder(crop, training=training) for crop in crops[:2]]
-
-    def forward(self, crops, training):
-        """The student's outputs for every crop; by default each crop's raw projection
-        (``project``): the method or its loss normalizes what it needs.  A method with heads
-        may give a dict per crop, its ``"projection"`` beside the heads' outputs."""
-        return [self.project(crop, training) for crop in crops]
-
-    def method_loss(self, outputs, targets, step):
-        """(the loss, {diagnostic: value}) from the outputs, the targets and the pre-step
-        state; it changes no state.  The tape differentiates it (unless ``EXACT_GRADIENT``)."""
-        raise NotImplementedError
-
-    def objective(self, outputs, targets, step):
-        """``EXACT_GRADIENT`` methods: an ``Objective`` (and their state's pre-step step)."""
-        raise NotImplementedError
-
-    def update_state(self, outputs, targets, step):
-        """The state's step from the pre-step state, after the loss; returns diagnostics to
-        add ({name: value}) or None."""
-
-    def after_step(self, step):
-        """After the descent: the momentum teacher follows the student."""
-        if self.TEACHER == "momentum":
-            self.key_encoder.follow(self._chain_variables(self._teacher_heads()), step)
-
-    def view_embeddings(self, outputs):
-        """The two global crops' unit embeddings (alignment, uniformity): by default their
-        projections (``forward``'s) normalized."""
-        return tuple(losses.l2_normalize(output["projection"] if isinstance(output, dict)
-                                         else output) for output in outputs[:2])
-
-    def track_diagnostics(self, diagnostics):
-        """Update the trackers from a step's diagnostics (the warm-up's too, which may lack
-        the method's own)."""
-        for tracker in self.diagnostic_trackers:
-            if tracker.name in diagnostics:
-                tracker.update_state(diagnostics[tracker.name])
-
-    def collapse(self, logs, epoch):
-        """Why an epoch's logs show this method's known failure (``callbacks.is_collapsed``
-        checks uniformity and rank too), or None; ``epoch``: a ``callbacks.EpochCount``."""
-
-    def judged(self, epoch):  # whether the health monitor judges it (past the warm-up)
-        return True
 
     # ------------------------------------------------------------------ the step
     def _step(self, data, phase, learn=True):
@@ -370,7 +170,7 @@ class Method(keras.Model):
         hooks.track_diagnostics(diagnostics)
         self.lr_tracker.update_state(learning_rate)
         self._track_views(*hooks.view_embeddings(outputs))
-        self._probe_step(labels, crops[0], learn)
+        online_probe.step(self, labels, crops[0], learn)
         return self._logs()
 
     def train_step(self, data):
@@ -394,25 +194,6 @@ class Method(keras.Model):
         self.optimizer.apply(tape.gradient(outputs, variables,
                                            output_gradients=output_gradients), variables)
 
-    # ------------------------------------------------------------------ pieces of a step
-    def project(self, crop, training):
-        """The student's raw projection of a crop: backbone → projector, before the
-        embedding network's L2 normalization (``query_encoder`` gives the unit one)."""
-        return self.projector(self.backbone(crop, training=training), training=training)
-
-    def _forward_by_resolution(self, crops, network, training):
-        """``network`` on every crop, crops of one size in one pass (their BatchNorm statistics
-        shared, as SwAV's and DINO's references batch them); one output per crop."""
-        outputs, start = [], 0
-        while start < len(crops):
-            end = start + 1
-            while end < len(crops) and crops[end].shape[1:] == crops[start].shape[1:]:
-                end += 1
-            together = network(tf.concat(crops[start:end], 0), training=training)
-            outputs += tf.split(together, end - start) if end - start > 1 else [together]
-            start = end
-        return outputs
-
     def _logs(self):
         logs = {}
         for metric in self.metrics:
@@ -427,22 +208,6 @@ class Method(keras.Model):
         self.alignment_tracker.update_state(health.alignment(embedding1, embedding2))
         self.uniformity_tracker.update_state(
             0.5 * (health.uniformity(embedding1) + health.uniformity(embedding2)))
-
-    def _probe_step(self, labels, images, learn=True):
-        """The online probe on the first crop's backbone features, when enabled and the batch
-        is labelled: inference-mode and stop-gradient features (as keras-cv's
-        ContrastiveTrainer), so neither the encoder's gradients nor its BatchNorm see it."""
-        if self.online_probe is None or labels is None:
-            return
-        features = tf.stop_gradient(tf.cast(self.backbone(images, training=False), tf.float32))
-        with tf.GradientTape() as tape:
-            logits = self.online_probe(features, training=learn)
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                labels, logits, from_logits=True)) / distribute.num_replicas()
-        if learn:
-            variables = self.online_probe.trainable_variables
-            self.probe_optimizer.apply(tape.gradient(loss, variables), variables)
-        self.probe_top1.update_state(labels, logits)
 
     # ------------------------------------------------------------------ Keras plumbing
     @property
@@ -464,8 +229,7 @@ class Method(keras.Model):
         # The student's parts only: the teacher follows by EMA, the state by its own rule.
         # Building here keeps Keras from allocating slots for the teacher.
         self.optimizer.build(self.student_variables)
-        if self.online_probe is not None:
-            self.probe_optimizer.build(self.online_probe.trainable_variables)
+        online_probe.build_optimizer(self)
 
     def compile_from_config(self, config):
         """``keras.models.load_model`` compiles a loaded model through this: this class's
@@ -473,13 +237,9 @@ class Method(keras.Model):
         self.compile(**keras.saving.deserialize_keras_object(config))
 
     def load_own_variables(self, store):
-        """The model has no variables of its own.  Files of caco_tf 0.2 kept the bank's three
-        there: they go to ``memory_bank``, which loads them next (or are left aside)."""
-        if len(store.keys()) == 3:
-            if self.memory_bank is not None:
-                self.memory_bank._rows_saved_by_owner = [store[str(i)] for i in range(3)]
-            return
-        super().load_own_variables(store)
+        """The model has no variables of its own but in caco_tf 0.2's files (``old_files``)."""
+        if not old_files.bank_rows_of_0_2(self, store):
+            super().load_own_variables(store)
 
     # Skips fit's symbolic build, a Keras hook: why in keras_compat.OVERRIDDEN_HOOKS.
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
@@ -529,7 +289,7 @@ class Method(keras.Model):
 
     @classmethod
     def from_config(cls, config):
-        config = _upgrade_arguments(cls, dict(config))
+        config = old_files.upgrade_arguments(cls, dict(config), COMMON_ARGUMENTS)
         for key, value in config.items():
             if isinstance(value, dict) and "class_name" in value:
                 config[key] = keras.saving.deserialize_keras_object(value)
@@ -557,22 +317,12 @@ class Method(keras.Model):
                                     serving_layout=serving_layout, version=version,
                                     preprocessing=given, **kwargs)
 
-    def summary(self, print_fn=None, **kwargs):
-        """The parts and their sizes (backbone, projector, heads, teacher, state, probe)."""
+    def summary(self, line_length=None, positions=None, print_fn=None, **kwargs):
+        """Keras' summary (``keras.Model.summary``), then the method's parts and their sizes
+        (backbone, projector, heads, teacher, state, probe)."""
+        super().summary(line_length, positions, print_fn, **kwargs)
         for line in parts_table(self):
             (print_fn or print)(line)
-
-
-def _upgrade_arguments(cls, config):
-    """A ``.keras`` file's arguments in this version's terms: caco_tf 0.3 gave every method
-    CaCo's (bank, temperatures, warm-up, ``warmup_every_method``); those a method does not
-    take are left aside, and a method without a bank ran no warm-up without that switch."""
-    if "warmup_every_method" in config:
-        every = config.pop("warmup_every_method")
-        if not every and config.get("warmup_steps") and not getattr(cls, "BANK", False):
-            config["warmup_steps"] = 0
-    known = set(cls.argument_defaults()) | set(COMMON_ARGUMENTS) | {"name", "backbone", "projector"}
-    return {key: value for key, value in config.items() if key in known}
 
 
 def _crops(data):
