@@ -386,13 +386,13 @@ CORE_SETTINGS = {
     # A learning curve on images no choice is measured on: caco-compare points these at its
     # tune split (neighbours) and validation split (queries), whatever a run trains on.
     "evaluation.knn_monitor_memory": Setting(
-        "", text("'' or a labelled source as data.held_out takes",
-                 lambda v: _source(v, held_out=True)),
-        "the monitor's labelled neighbours ('': the training images)"),
+        None, optional(text("a labelled source as data.held_out takes",
+                            lambda v: _source(v, held_out=True)), "the training images"),
+        "the monitor's labelled neighbours", derived=str),
     "evaluation.knn_monitor_queries": Setting(
-        "", text("'' or a labelled source as data.held_out takes",
-                 lambda v: _source(v, held_out=True)),
-        "the monitor's queries ('': the held-out images)"),
+        None, optional(text("a labelled source as data.held_out takes",
+                            lambda v: _source(v, held_out=True)), "the held-out images"),
+        "the monitor's queries", derived=str),
     "evaluation.knn_monitor_train_images": Setting(
         None, optional(integer(1), "knn_train_images"),
         "the monitor reads a class-balanced sample of at most this many neighbours",
