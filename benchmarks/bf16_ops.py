@@ -26,10 +26,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness  # noqa: E402
 
-# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
-# thread, beside the scripts that work in the test's own process.
-RUNS_IN_CHILD_PROCESSES = True
-
 TITLE = "## Single ops in float32 and bfloat16 at ResNet-50's shapes (`benchmarks/bf16_ops.py`)"
 # name -> (input height and width, input channels, output channels, kernel, stride)
 CONVOLUTIONS = {

@@ -27,9 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness  # noqa: E402
 
 ROOT = _harness.ROOT
-# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
-# thread, beside the scripts that work in the test's own process.
-RUNS_IN_CHILD_PROCESSES = True
 
 SECTIONS = {
     "per_call": ("offline_wall_time",
@@ -38,7 +35,7 @@ SECTIONS = {
                 "## The offline default's wall time against an earlier revision "
                 "(`benchmarks/offline_wall_time.py --against REV`)"),
 }
-TIMING = ("step_ms", "images_per_s", "data_wait")
+TIMING = ("step_ms", "images_per_s", "data_wait", "train_seconds")
 RANKS = ("rank_embedding", "rank_features")
 
 

@@ -24,10 +24,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness  # noqa: E402
 
-# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
-# thread, beside the scripts that work in the test's own process.
-RUNS_IN_CHILD_PROCESSES = True
-
 TITLE = "## A run's time outside its steps (`benchmarks/outside_steps.py`)"
 
 

@@ -13,6 +13,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -47,14 +49,36 @@ tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 # The modules that take longest (pytest --durations, two workers), run first: with each module
 # on one worker (pyproject's --dist loadfile), neither worker then waits long for the other at
-# the end.  The other modules follow in their usual order.
-SLOWEST_FIRST = ["test_benchmarks.py", "test_distributed.py", "test_comparison.py",
+# the end.  The other modules follow in their usual order.  The benchmark scripts' tiny modes
+# (one test each, each its own unit: below) come after the long modules, shorter units that
+# even out the two workers' ends.
+SLOWEST_FIRST = ["test_comparison.py", "test_distributed.py",
                  "test_data_service.py", "test_train_cli.py",
                  "test_long_run_faults.py", "test_augment.py", "test_user_data.py",
                  "test_keras_citizen.py", "test_torch_import.py", "test_data.py",
-                 "test_methods_at_scale.py"]
+                 "test_methods_at_scale.py", "test_benchmarks.py"]
+# Tests that xdist hands out one by one rather than with their module (--dist loadfile keeps a
+# module on one worker, for its module fixtures): each runs a script of its own, they share no
+# fixture, and together they take minutes.
+SPREAD = ("test_benchmarks.py::test_a_script_runs_in_its_tiny_mode[",)
 
 
 def pytest_collection_modifyitems(items):
     rank = {name: place for place, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept within
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, but each test of ``SPREAD`` a work unit of its own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            if any(spread in nodeid for spread in SPREAD):
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return Scheduling(config, log)

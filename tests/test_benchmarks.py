@@ -1,14 +1,10 @@
 """The scripts of benchmarks/: every one still runs (its tiny mode, ``--tiny``), and the pure
-parts of a few (their sections, caches and tables), without measuring anything."""
+parts of a few (their sections and tables), without measuring anything."""
 
 import ast
 import glob
 import hashlib
-import json
 import os
-import threading
-import time
-import traceback
 
 import pytest
 
@@ -18,9 +14,8 @@ ROOT = os.path.dirname(BENCHMARKS)
 SCRIPTS = sorted(os.path.basename(path)[:-len(".py")]
                  for path in glob.glob(os.path.join(BENCHMARKS, "*.py"))
                  if not os.path.basename(path).startswith("_"))
-# What a tiny run must leave as it found it: the published figures and the tracked caches.
-KEPT = ["BENCHMARKS.md", "RESULTS.md", os.path.join("docs", "results.md"),
-        os.path.join("benchmarks", "comparison_cache.json")]
+# What a tiny run must leave as it found it: the published figures.
+KEPT = ["BENCHMARKS.md", os.path.join("docs", "results.md")]
 
 
 def test_every_script_has_a_tiny_mode():
@@ -38,45 +33,22 @@ def test_every_script_has_a_tiny_mode():
 
 def _kept():
     digests = {}
-    paths = KEPT + [os.path.relpath(p, ROOT) for p in
-                    glob.glob(os.path.join(BENCHMARKS, "ablation_cache", "*"))]
-    for path in paths:
-        if os.path.exists(os.path.join(ROOT, path)):
-            with open(os.path.join(ROOT, path), "rb") as handle:
-                digests[path] = hashlib.sha1(handle.read()).hexdigest()
+    for path in KEPT:
+        with open(os.path.join(ROOT, path), "rb") as handle:
+            digests[path] = hashlib.sha1(handle.read()).hexdigest()
     return digests
 
 
 @pytest.mark.slow
-def test_every_script_runs_in_its_tiny_mode(tmp_path, monkeypatch):
-    """Every script's tiny mode runs to its end, from another folder, and leaves the published
-    figures and caches alone.  ``main(argv)`` runs in this process (TensorFlow is imported once
-    for all); the scripts whose work is in child processes (``RUNS_IN_CHILD_PROCESSES``: train.py
-    runs, service workers) run one after the other on a thread meanwhile, so both cores work."""
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_script_runs_in_its_tiny_mode(name, tmp_path, monkeypatch):
+    """The script's tiny mode runs to its end, from another folder, and leaves the published
+    figures alone.  ``main(argv)`` runs in the test's process (TensorFlow is started once for
+    every script a worker runs); one test a script, which tests/conftest.py schedules on its
+    own, so that the two workers share the scripts."""
     monkeypatch.chdir(tmp_path)
     before = _kept()
-    modules = {name: load(name) for name in SCRIPTS}
-    seconds, failures = {}, {}
-
-    def run(name):
-        start = time.perf_counter()
-        try:
-            status = modules[name].main(["--tiny"])
-            if status not in (None, 0):
-                failures[name] = f"exit status {status}"
-        except BaseException:  # SystemExit from argparse too
-            failures[name] = traceback.format_exc()
-        seconds[name] = time.perf_counter() - start
-
-    in_children = [n for n in SCRIPTS if getattr(modules[n], "RUNS_IN_CHILD_PROCESSES", False)]
-    beside = threading.Thread(target=lambda: [run(name) for name in in_children])
-    beside.start()
-    for name in SCRIPTS:
-        if name not in in_children:
-            run(name)
-    beside.join()
-    print("\n".join(f"{name}: {seconds[name]:.1f} s" for name in SCRIPTS))
-    assert not failures, "\n".join(f"{name}: {error}" for name, error in failures.items())
+    assert load(name).main(["--tiny"]) in (None, 0)
     assert _kept() == before
 
 
@@ -115,40 +87,6 @@ def test_step_time_writes_each_kind_of_run_into_its_own_section(tmp_path):
     for argv in ("--interleave --only r50_caco,r50_moco", "--interleave --only r50_caco,m_caco",
                  "--interleave"):
         assert name[argv] == "step_time_interleaved", argv
-
-
-# ---------------------------------------------------------------------- ablation.py
-def test_ablation_cache_merges_the_work_folder_and_the_tracked_copy(tmp_path):
-    ablation = load("ablation")
-    work, tracked = tmp_path / "work.json", tmp_path / "tracked" / "tag.json"
-    work.write_text(json.dumps({"runs": {"caco/seed0": {"knn_top1": 97.0},
-                                         "none/seed0": {"knn_top1": 96.0}}}))
-    tracked.parent.mkdir()
-    tracked.write_text(json.dumps({"runs": {"caco/seed0": {"knn_top1": 97.0, "linear_top1": 96.5},
-                                            "simclr/seed1": {"knn_top1": 95.0}}}))
-    cache = ablation.load_cache([str(work), str(tracked)])
-    # The entry with more figures wins; runs found in either file are kept.
-    assert cache["runs"] == {"caco/seed0": {"knn_top1": 97.0, "linear_top1": 96.5},
-                             "none/seed0": {"knn_top1": 96.0},
-                             "simclr/seed1": {"knn_top1": 95.0}}
-    fresh = tmp_path / "fresh" / "tag.json"  # a folder that does not exist yet
-    ablation.save_cache(cache, [str(work), str(fresh)])
-    for path in (work, fresh):
-        assert json.loads(path.read_text()) == cache
-    assert not list(tmp_path.rglob("*.tmp"))
-
-
-def test_ablation_partial_report_names_the_missing_runs_and_counts_seeds():
-    ablation = load("ablation")
-    cache = {"runs": {"caco/seed0": {"knn_top1": 97.0}, "caco/seed1": {"knn_top1": 98.0},
-                      "none/seed0": {"knn_top1": 96.0}}}
-    note = ablation.partial_note(cache, ["none", "caco"], 2, "python benchmarks/ablation.py")
-    assert "3 of 4 runs" in note[0] and "none/seed1" in note[0] and "caco/seed" not in note[0]
-    assert ablation.partial_note(cache, ["caco"], 2, "cmd") == []
-    assert ablation.cell([97.0, 98.0], 3) == "97.5 ± 0.7 (2 seeds)"
-    assert ablation.cell([97.0, 98.0], 2) == "97.5 ± 0.7"
-    assert ablation.cell([97.0], 3) == "97.0 (1 seed)"
-    assert ablation.cell([], 3) == "–"
 
 
 # ---------------------------------------------------------------------- op_profile.py
