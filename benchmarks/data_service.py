@@ -26,10 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness  # noqa: E402
 from input_pipeline import generate_jpegs, images_per_second  # noqa: E402
 
-# Most of its work runs in child processes: tests/test_benchmarks.py runs its tiny mode on a
-# thread, beside the scripts that work in the test's own process.
-RUNS_IN_CHILD_PROCESSES = True
-
 TITLE = "## The input pipeline through tf.data service (`data.service`)"
 
 
@@ -79,7 +75,8 @@ def measure(paths, args, folder):
                 lambda address=address: make(address))
         return _harness.interleave(
             {name: lambda way=way: images_per_second(way, args.batches, args.batch)
-             for name, way in ways.items()}, args.repeats, show="{:.1f}")
+             for name, way in ways.items()}, args.repeats, warmup=0 if args.tiny else 1,
+            show="{:.1f}")
     finally:
         for _, processes in clusters.values():
             for process in processes:

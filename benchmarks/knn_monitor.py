@@ -60,9 +60,10 @@ def write_images(folder, count, seed):
     return os.path.join(folder, "part-*")
 
 
-def measure(train_glob, held_out_glob, unbounded, batch):
+def measure(train_glob, held_out_glob, unbounded, batch, warmup=3, steps=10):
     """In this process: one monitor measurement (bounded, or every image's features), its
-    time and this process's peak RSS; and the median train step of the same model."""
+    time and this process's peak RSS; and the median of ``steps`` train steps of the same
+    model, after ``warmup``."""
     import numpy as np
 
     from caco_tf import build, data
@@ -95,10 +96,10 @@ def measure(train_glob, held_out_glob, unbounded, batch):
     iterator = iter(data.pretrain_dataset(train, batch, views, seed=0, image_size=SIZE,
                                           channels=3))
     function = model.make_train_function()
-    for _ in range(3):  # tracing, the pipeline's start
+    for _ in range(warmup):  # tracing, the pipeline's start
         function(iterator)
     times = []
-    for _ in range(10):
+    for _ in range(steps):
         begin = time.perf_counter()
         function(iterator)
         times.append(time.perf_counter() - begin)
@@ -141,7 +142,7 @@ def measure_sizes(args):
         images = write_images(os.path.join(args.data, f"train_{size}"), size, seed=size)
         for unbounded in ([False, True] if size <= args.unbounded_limit else [False]):
             if args.tiny:
-                row = measure(images, held_out, unbounded, args.batch)
+                row = measure(images, held_out, unbounded, args.batch, warmup=1, steps=2)
             else:
                 output = subprocess.run(
                     [sys.executable, os.path.abspath(__file__), "--child", images, held_out,
