@@ -121,7 +121,7 @@ def reference(tiny, tmp_path_factory):
 
 def assert_same_run(run_dir, reference_dir):
     """Histories (but wall-clock figures) and the final state equal, bit for bit."""
-    timing = ("step_ms", "images_per_s", "data_wait")
+    timing = ("step_ms", "images_per_s", "data_wait", "train_seconds")
 
     def history(folder):
         rows = json.load(open(RunFolder(folder).history))

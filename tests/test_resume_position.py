@@ -134,7 +134,7 @@ def test_a_stopped_image_folder_run_resumes_bit_for_bit_without_rereading(tmp_pa
     _spoil(passed)
 
     pretrain.run(config, run_dir, verbose=0)
-    timing = ("step_ms", "images_per_s", "data_wait")
+    timing = ("step_ms", "images_per_s", "data_wait", "train_seconds")
     history = [[{k: v for k, v in row.items() if k not in timing}
                 for row in json.load(open(RunFolder(f).history))] for f in (run_dir, reference)]
     assert history[0] == history[1]

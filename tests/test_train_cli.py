@@ -73,7 +73,7 @@ def finished_run(small_data, tmp_path_factory):
     return config, run_dir
 
 
-TIMING = ("step_ms", "images_per_s", "data_wait")  # wall-clock figures: never equal twice
+TIMING = ("step_ms", "images_per_s", "data_wait", "train_seconds")  # wall-clock: never equal twice
 
 
 def assert_same_run(run_dir, reference_dir):
