@@ -1,8 +1,6 @@
 """The ablation rows and baselines (caco_tf.methods): their losses and bank rules against NumPy,
 one fit step of each, the config switch, and two mirrored replicas against one device."""
 
-import re
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -227,19 +225,13 @@ def test_a_warmup_gives_a_bankless_method_the_warmups_parts():
 def test_config_picks_the_class():
     for method, cls in methods.METHODS.items():
         assert cls.method == method and issubclass(cls, Method)
-    # The InfoNCE family: CaCo, the rows that read its settings, MoCo v2 and SimCLR; not BYOL.
-    family = {name for name, cls in methods.METHODS.items()
-              if issubclass(cls, ContrastiveMethod)}
-    rows = {name for name, cls in methods.METHODS.items() if cls.SETTINGS_OF == "caco"}
-    assert rows and {"caco", "moco_v2", "simclr"} | rows <= family and "byol" not in family
+        assert issubclass(cls, ContrastiveMethod) == (method in (
+            "caco", "none", "positive", "negative", "moco_v2", "simclr"))
     assert load_config(None)["method"]["name"] == "caco"
-    with pytest.raises(ConfigError, match=re.escape(
-            f"method.name must be one of {', '.join(methods.METHODS)}, got 'byol2'")):
+    with pytest.raises(ConfigError, match="method.name must be one of caco, negative, none, "
+                                          "positive, barlow_twins, byol, dino"):
         load_config(None, ["method.name=byol2"])
-    multi_crop = [name for name, cls in methods.METHODS.items() if cls.CROPS.local]
-    assert {"caco", "dino", "swav"} <= set(multi_crop) and "simclr" not in multi_crop
-    with pytest.raises(ConfigError, match=re.escape(
-            f"multicrop works with method.name {', '.join(multi_crop)}")):
+    with pytest.raises(ConfigError, match="multicrop works with method.name caco, dino, swav"):
         load_config(None, ["method.name=simclr", "data.views=multicrop"])
 
 
@@ -263,3 +255,50 @@ def test_two_replicas_equal_one_device(method):
     assert mirrored_loss == pytest.approx(single_loss, rel=1e-5)
     for a, b in zip(single.weights, mirrored.weights):  # encoders and bank, if any
         _assert_close(b.numpy(), a.numpy(), a.path)
+
+
+
+# ---------------------------------------------------------------------- caco-compare
+def test_caco_compare_plans_cacos_ablation_in_cacos_section(tmp_path):
+    """``caco-compare --methods caco,none,positive,negative`` (docs/compare.md, CaCo's
+    ablation), planned on a tiny generated folder: the ablation rows get CaCo's search space
+    (they read ``method.caco``), as many trials, CaCo's bank fitted alike, and every run's
+    configuration loads and fits the images (the plan's check, before anything trains)."""
+    from PIL import Image
+
+    from caco_tf.cli import compare as compare_cli
+    from caco_tf.comparison import runner
+
+    rng = np.random.default_rng(0)
+    for label in range(3):
+        (tmp_path / "images" / f"class{label}").mkdir(parents=True)
+        for index in range(40):
+            Image.fromarray(rng.integers(0, 255, (16, 16, 3)).astype(np.uint8)).save(
+                tmp_path / "images" / f"class{label}" / f"{index}.png")
+    rows = ["caco", "none", "positive", "negative"]
+    args = compare_cli.parse_args(["--config", "mnist", "--data", f"folder:{tmp_path / 'images'}",
+                                   "--methods", ",".join(rows), "--trials", "3", "--seeds", "2",
+                                   "--image-size", "16", "--out", str(tmp_path / "out")])
+    comparison = runner.Comparison(str(tmp_path / "out"))
+    plan = comparison.start(compare_cli.arguments_of(args), "caco-compare ...")
+    spaces = {m: dict((key, tuple(values)) for key, values in plan["search_spaces"][m])
+              for m in rows}
+    assert list(spaces["caco"]) == ["train.learning_rate", "method.caco.temperature"]
+    assert all(spaces[m] == spaces["caco"] for m in rows)
+    # 78 tuning images fill 64 rows: CaCo's 1,024-row bank shrinks alike for every row.
+    assert all(plan["fitted"][m] == ["method.caco.bank_size=64"] for m in rows)
+    for method in rows:
+        tried = set()
+        for trial in range(3):
+            config = comparison.config(method, trial, 1, True)
+            assert config["method"]["name"] == method
+            point = (config["train"]["learning_rate"], config["method"]["caco"]["temperature"])
+            if trial == 0:  # the budget as given: configs/mnist.yaml's
+                assert point == (0.03, 0.1)
+            else:
+                assert point[0] in spaces[method]["train.learning_rate"]
+                assert point[1] in spaces[method]["method.caco.temperature"]
+            assert config["method"]["caco"]["bank_size"] == 64
+            tried.add(point)
+        assert len(tried) == 3
+    assert len([run for run in comparison.runs() if run[1] == "none"]) == 3 + 2

@@ -31,9 +31,10 @@ def search_space(method, config):
     values and the budget's own, sorted."""
     rate = budget_learning_rate(config)
     space = [("train.learning_rate", tuple(_round(rate * f) for f in LEARNING_RATE_FACTORS))]
+    section = METHODS[method].SETTINGS_OF or method  # an ablation row reads its method's
     for key, setting in METHODS[method].SETTINGS.items():
         if setting.search:
-            dotted = f"method.{method}.{key}"
+            dotted = f"method.{section}.{key}"
             space.append((dotted, tuple(sorted(set(setting.search) | {_current(config, dotted)}))))
     return space
 
@@ -81,11 +82,11 @@ def fitted_rows(method, config, images):
     one pass over ``images`` training images fills: the largest power of two below it."""
     batch = config["train"]["batch_size"]
     filled = (images // batch) * batch
-    fitted = []
+    fitted, section = [], METHODS[method].SETTINGS_OF or method
     for key, setting in METHODS[method].SETTINGS.items():
-        value = config["method"].get(method, {}).get(key, setting.default)
+        value = config["method"].get(section, {}).get(key, setting.default)
         if setting.rows and value and value > filled:
-            fitted.append(f"method.{method}.{key}={1 << (max(filled, 1).bit_length() - 1)}")
+            fitted.append(f"method.{section}.{key}={1 << (max(filled, 1).bit_length() - 1)}")
     return fitted
 
 
