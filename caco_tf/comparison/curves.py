@@ -53,30 +53,25 @@ def read_curve(comparison, key):
 
 def final_curves(comparison):
     """{method: {seed: curve}} of the final runs that have one."""
-    arguments = comparison.plan["arguments"]
-    found = {}
-    for method in arguments["methods"]:
-        seeds = {}
-        for seed in range(arguments["seeds"]):
-            measured = read_curve(comparison, comparison.final_key(method, seed))
-            if measured is not None:
-                seeds[seed] = measured
-        if seeds:
-            found[method] = seeds
-    return found
+    return _curves_of(comparison, lambda method: {
+        seed: comparison.final_key(method, seed)
+        for seed in range(comparison.plan["arguments"]["seeds"])})
 
 
 def trial_curves(comparison):
     """{method: {trial: curve}} of the trials that have one (a pilot's: ``--trials-only``)."""
+    return _curves_of(comparison, lambda method: {
+        trial: comparison.trial_key(method, trial) for trial in comparison.trials_of(method)})
+
+
+def _curves_of(comparison, keys_of):
+    """{method: {name: curve}} of the runs ``keys_of(method)`` ({name: run key}) that have one."""
     found = {}
     for method in comparison.plan["arguments"]["methods"]:
-        trials = {}
-        for trial in comparison.trials_of(method):
-            measured = read_curve(comparison, comparison.trial_key(method, trial))
-            if measured is not None:
-                trials[trial] = measured
-        if trials:
-            found[method] = trials
+        runs = {name: read_curve(comparison, key) for name, key in keys_of(method).items()}
+        runs = {name: measured for name, measured in runs.items() if measured is not None}
+        if runs:
+            found[method] = runs
     return found
 
 
