@@ -489,7 +489,10 @@ TINY = ["--image-size", "16", "--batch-size", "16", "--views", "symmetric", "--s
         "model.embedding_dim=16", "--set", "train.jit_compile=false", "--set",
         "train.steps_per_execution=1", "--set", "method.caco.warmup_epochs=1", "--set",
         "evaluation.health_images=64", "--set", "evaluation.knn_monitor_every=0",
-        "--few-labels", "4", "--linear-epochs", "2"]
+        "--few-labels", "4", "--linear-epochs", "2",
+        # One label draw: the draws' mean is tests/test_compare_baselines.py's; here each draw
+        # would be one more probe of every seed and baseline.
+        "--few-label-draws", "1"]
 
 
 def measured(out):
@@ -536,7 +539,8 @@ def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(t
                         text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     lines = second.stderr.splitlines()
-    assert not any(line.startswith("tune/caco/trial0") for line in lines)
+    # trial 0 is not trained again (a close choice's second seed, trial0-seed1, is another run)
+    assert not any(line.startswith("tune/caco/trial0:") for line in lines)
     state = measured(out)
     for key, entry in before.items():  # measured once: the same figure, the file untouched
         assert state[key]["knn_top1"] == entry["knn_top1"]
@@ -544,7 +548,10 @@ def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(t
     # The second trial resumed: each of its epochs trained once.
     history = json.loads((out / "runs" / "tune/caco/trial1" / "history.json").read_text())
     assert [row["epoch"] for row in history] == [1, 2]
-    assert sorted(state) == ["final/caco/seed0", "tune/caco/trial0", "tune/caco/trial1"]
+    # A choice closer than one validation error adds each close trial's second seed.
+    seconds = [f"tune/caco/trial{t}-seed1" for t in runner.Comparison(out).close_trials("caco")]
+    assert sorted(state) == sorted(["final/caco/seed0", "tune/caco/trial0", "tune/caco/trial1"]
+                                   + seconds)
     assert all("knn_top1" in entry for entry in state.values())
     assert all(entry["machines"] == [machine()] for entry in state.values())  # where measured
     finals = [e for k, e in state.items() if k.startswith("final/")]
@@ -554,8 +561,11 @@ def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(t
     pixels = json.loads((out / "baselines" / "pixels_knn.json").read_text())
     untrained = json.loads((out / "baselines" / "untrained_knn.json").read_text())
     assert pixels["encoder"] == "raw pixels" and pixels["test_images"] == untrained["test_images"]
-    assert (f"on the same test split (kNN top-1): the raw pixels {pixels['top1']:.1f} %; the "
-            f"untrained network {untrained['top1']:.1f} %.") in text
+    # Every probe's baseline in one sentence, kNN first: "the raw pixels K % · L % · F %; ...".
+    said = text[text.index("Without pre-training, on the same test split (kNN top-1 · "):]
+    said = said[:said.index("\n")]
+    assert f"the raw pixels {pixels['top1']:.1f} % · " in said
+    assert f"; the untrained network {untrained['top1']:.1f} % · " in said
     for plot in ("accuracy.png", "curves.png", "health.png"):
         assert (out / "report" / plot).stat().st_size > 1000
     assert second.stdout.strip().endswith(f"report: {out / 'report' / 'report.md'}")
