@@ -8,7 +8,6 @@ import sys
 
 COMMANDS = ("caco-train", "caco-evaluate", "caco-figures", "caco-export", "caco-extract",
             "caco-import-torch", "caco-data-service", "caco-compare")
-TIMING = ("step_ms", "images_per_s", "data_wait")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -22,8 +21,11 @@ def run(*command, expect=0):
 
 
 def history(run_dir):
+    from caco_tf.training.callbacks import is_wall_clock
+
     with open(os.path.join(run_dir, "history.json")) as handle:
-        return [{k: v for k, v in row.items() if k not in TIMING} for row in json.load(handle)]
+        return [{k: v for k, v in row.items() if not is_wall_clock(k)}
+                for row in json.load(handle)]
 
 
 def main(checkout_run, checkout_output):

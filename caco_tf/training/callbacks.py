@@ -289,6 +289,12 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
         return {key: logs[key] for key in self.SHOWN if key in (logs or {})}
 
 
+def is_wall_clock(key):
+    """Whether a history column is a measured time (never equal twice, so left out when two
+    runs' histories are compared bit for bit): Throughput's and each monitor's ``*_seconds``."""
+    return key in ("step_ms", "images_per_s", "data_wait") or key.endswith("_seconds")
+
+
 class Throughput(keras.callbacks.Callback):
     """Per epoch, into the logs: ``step_ms`` (mean wall time of a step), ``images_per_s``
     (global batch × steps / time) and ``data_wait``, the share of that time the steps waited
