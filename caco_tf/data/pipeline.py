@@ -383,7 +383,7 @@ def pretrain_dataset(images, batch_size, views, seed=0, input_context=None, skip
     channels = channels or (views.channels if per_image else 1)
     decode = _decoder(source, channels, skipped) if source.encoded else None
     check = _checker(source, skipped) if source.encoded else None
-    if isinstance(views, augment.ColourOnDevice):  # each view ships its crop and its draws
+    if per_image and hasattr(views, "empty"):  # crops with draws (ColourOnDevice), masks
         empty = views.empty(channels)
     elif per_image:
         empty = tuple(tf.zeros([r.size, r.size, channels]) for r in views.recipes)
