@@ -208,6 +208,16 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None, views
         settings, RunPlan.of(settings, steps_per_epoch, num_replicas, num_classes), views)
 
 
+def vit_options(model):
+    """A ViT's DINOv2 options (``nets.vit.build_vit``) of the model settings, those set only."""
+    options = {"layer_scale": model.layer_scale, "registers": model.registers,
+               "mask_token": model.mask_token, "interpolate_offset": model.interpolate_offset,
+               "interpolate_antialias": model.interpolate_antialias}
+    defaults = {"layer_scale": 0.0, "registers": 0, "mask_token": False,
+                "interpolate_offset": 0.1, "interpolate_antialias": False}
+    return {key: value for key, value in options.items() if value != defaults[key]}
+
+
 def build_planned_model(settings, plan, views=None):
     """``build_model`` of a run's ``settings`` (``RunSettings``) on its ``RunPlan``
     (``plan_run``) and views (else built here).
@@ -223,10 +233,10 @@ def build_planned_model(settings, plan, views=None):
     backbone = backbones.build_backbone(
         model.backbone, (None, None, channels) if multi_crop else (size, size, channels),
         sync_batchnorm=sync, widths=model.widths, pool_grid=model.pool_grid,
-        image_size=size, drop_path=model.drop_path,
+        image_size=model.position_table_size or size, drop_path=model.drop_path,
         position_embedding=model.position_embedding,
         frozen_patch_embedding=model.frozen_patch_embedding,
-        hub_arguments=model.backbone_arguments)
+        hub_arguments=model.backbone_arguments, vit_options=vit_options(model))
     # The projector's shape is the method's (its reference's), its widths the run's; its output
     # the plan's embedding (a method may have its own).
     projector = backbones.build_mlp(

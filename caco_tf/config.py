@@ -20,7 +20,8 @@ import re
 import yaml
 
 from caco_tf.errors import ConfigError
-from caco_tf.nets.sizes import DOWNSAMPLING, VIT_SHAPES, feature_map_size, smallest_image
+from caco_tf.nets.sizes import (DOWNSAMPLING, VIT_SHAPES, feature_map_size, preset_class,
+                                 smallest_image)
 from caco_tf.settings import (Rule, Setting, boolean, choice, integer, is_int,
                               is_service_address, number, optional, span, text)
 
@@ -301,6 +302,26 @@ CORE_SETTINGS = {
     "model.frozen_patch_embedding": Setting(
         False, boolean(), "a ViT's patch projection stays at its random initialization (MoCo "
         "v3's stop_grad_conv1, which it found stabilizes training)"),
+    # DINOv2's (facebookresearch/dinov2 vision_transformer.py); their defaults leave DINO's ViT.
+    "model.layer_scale": Setting(
+        0.0, number(0.0), "a ViT's LayerScale: each residual branch scaled per channel by a "
+        "learned scale started at this value (DINOv2's layerscale, 1e-5); 0: none"),
+    "model.registers": Setting(
+        0, integer(0, 256), "a ViT's register tokens after the class token (DINOv2's "
+        "num_register_tokens, Darcet et al. 2024: 4)"),
+    "model.mask_token": Setting(
+        False, boolean(), "a ViT's learned mask token, put in place of masked patches (DINOv2's, "
+        "for iBOT's masked-patch loss)"),
+    "model.position_table_size": Setting(
+        None, optional(integer(1, 8192), "data.image_size"),
+        "the image side a ViT's learned position table is made for, resized for every other "
+        "crop (DINOv2's released checkpoints: 518)", derived=int),
+    "model.interpolate_offset": Setting(
+        0.1, number(0.0), "the learned positions' resize reads the scale (g + offset) / g0 (DINO's "
+        "and DINOv2's interpolate_offset; 0: the grid's size)"),
+    "model.interpolate_antialias": Setting(
+        False, boolean(), "the learned positions' resize is PyTorch's antialiased bicubic "
+        "(DINOv2's interpolate_antialias, its checkpoints with registers)"),
     "model.projector_hidden": Setting(2048, integer(1), "the projection MLP's hidden width"),
     "model.embedding_dim": Setting(
         256, integer(1), "D, the embedding's (and the bank rows') dimension"),
@@ -521,6 +542,9 @@ ABSENT_MEANS_OFF = {
     # none of these).
     ("model", "drop_path"): 0.0, ("model", "position_embedding"): "learned",
     ("model", "frozen_patch_embedding"): False, ("model", "backbone_arguments"): {},
+    ("model", "layer_scale"): 0.0, ("model", "registers"): 0, ("model", "mask_token"): False,
+    ("model", "position_table_size"): None, ("model", "interpolate_offset"): 0.1,
+    ("model", "interpolate_antialias"): False,
     ("train", "weight_decay_end"): None, ("train", "decay_biases_and_norms"): True,
     ("train", "clip_gradient_norm"): 0.0, ("train", "final_learning_rate"): 0.0,
     ("method", "moco_v3", "projector_layers"): 2,
@@ -639,6 +663,13 @@ def _validate(config):
                           f"(data.views asymmetric or symmetric), which crop to any size")
 
 
+#: The settings of the vit_* backbones only, at their defaults.
+VIT_SETTINGS = {"drop_path": 0.0, "position_embedding": "learned", "frozen_patch_embedding": False,
+                "layer_scale": 0.0, "registers": 0, "mask_token": False,
+                "position_table_size": None, "interpolate_offset": 0.1,
+                "interpolate_antialias": False}
+
+
 def _check_vit(model):
     """The ViT settings on a ViT only; a ViT's features are its class token's (no grid)."""
     hub = model["backbone"].startswith(HUB_PREFIX)
@@ -654,8 +685,16 @@ def _check_vit(model):
                               f"{model['backbone']} (its features are the class token's), "
                               f"got {model['pool_grid']}")
         return
-    for key, default in (("drop_path", 0.0), ("position_embedding", "learned"),
-                         ("frozen_patch_embedding", False)):
+    # A KerasHub DINOV2Backbone preset becomes our ViT: stochastic depth and a mask token are
+    # the run's, the rest of its layout the preset's (nets.hub.vit_from_dinov2 says which).
+    dinov2 = hub and preset_class(model["backbone"][len(HUB_PREFIX):]) == "DINOV2Backbone"
+    for key, default in VIT_SETTINGS.items():
+        if dinov2 and key in ("drop_path", "mask_token"):
+            continue
+        if dinov2 and model[key] != default and key not in ("position_embedding",
+                                                            "frozen_patch_embedding"):
+            raise ConfigError(f"model.{key} is the DINOV2Backbone preset's own (model.backbone "
+                              f"{model['backbone']}): remove it")
         if model[key] != default:
             raise ConfigError(f"model.{key} applies to the vit_* backbones, not to "
                               f"model.backbone {model['backbone']}: remove it or choose a ViT")

@@ -2,6 +2,7 @@
 
     caco-export --run runs/mnist [--format saved_model|onnx|litert|keras-hub] [--out PATH]
                 [--output features|embedding] [--serving-version N] [--crop-fraction 0.875]
+                [--keras-hub-class auto|dinov2|caco]
 
 ``--run``: a run folder (rebuilt from its ``config.yaml`` and last checkpoint) or a ``.keras``
 file (``RUN/model.keras``).  ``saved_model`` (the default) writes TF Serving's
@@ -10,7 +11,9 @@ the end of every run), signatures and preprocessing in ``caco_tf/serving/export.
 and ``litert`` write one file (default ``RUN/backbone.onnx`` / ``RUN/backbone.tflite``, or
 ``embedding.*`` for ``--output embedding``): uint8 [batch, S, S, C] in, the features (or
 embedding) out, ``caco_tf/serving/interop.py``; ``keras-hub`` a KerasHub preset directory
-(default ``RUN/keras_hub_preset``; the optional extra, ``caco_tf/serving/hub.py``).
+(default ``RUN/keras_hub_preset``; the optional extra, ``caco_tf/serving/hub.py``): a ViT's is
+KerasHub's own ``DINOV2Backbone``, which loads without caco_tf, every other backbone's (or a
+ViT's with ``--keras-hub-class caco``) caco-tf's ``CacoBackbone``.
 
 What exists is never replaced: an ``--out`` already holding the export (``backbone/N`` with
 files, a preset folder with files, the file), a file where a folder goes or a folder where a
@@ -46,6 +49,10 @@ def parse_args(argv):
     parser.add_argument("--crop-fraction", type=float, default=DEFAULT_CROP_FRACTION,
                         help="saved_model's resize: shorter side to image_size / this, then "
                              f"centre crop (default {DEFAULT_CROP_FRACTION}: 256 → 224)")
+    parser.add_argument("--keras-hub-class", choices=("auto", "dinov2", "caco"), default="auto",
+                        help="keras-hub: the preset's class, KerasHub's DINOV2Backbone (a ViT; "
+                             "loads without caco_tf) or caco-tf's CacoBackbone (any backbone); "
+                             "auto: dinov2 for a ViT, else caco")
     cli.verbose_argument(parser)
     argv = sys.argv[1:] if argv is None else argv
     for before, after in zip(argv, argv[1:]):
@@ -92,7 +99,8 @@ def main(argv=None):
         with export.writing_output(out, inside=inside):
             path = export.export_model(model, out, format=args.format,
                                        serving_layout=args.format == "saved_model",
-                                       version=args.serving_version, output=args.output)
+                                       version=args.serving_version, output=args.output,
+                                       hub_class=args.keras_hub_class)
         print(f"{args.format}: {os.path.abspath(path)}")
         return 0
 

@@ -10,8 +10,8 @@ checkpoint), checkpoints/last.weights.h5 (query and key encoders, BatchNorm stat
 bank momentum), import.json (where it came from), backup/ (so ``caco-train --config
 RUN_DIR/config.yaml --run-dir RUN_DIR`` continues from the checkpoint's epoch; written when the
 steps per epoch are known: ``--steps-per-epoch`` or an ImageNet source) and, with
-``--saved-model``, saved_model/backbone/1 (TF Serving, ImageNet normalization).  DINO's and
-MoCo v3's ViT checkpoints import their backbone (``import_vit_checkpoint``: the run evaluates,
+``--saved-model``, saved_model/backbone/1 (TF Serving, ImageNet normalization).  DINO's,
+DINOv2's and MoCo v3's ViT checkpoints import their backbone (``import_vit_checkpoint``: the run evaluates,
 exports and draws attention maps; default configuration the method's ViT-S recipe).  Needs torch
 (``pip install "caco-tf[torch]"``).  Mapping and checks: ``caco_tf/serving/torch_import.py``.
 """
@@ -28,7 +28,7 @@ def parse_args(argv):
     parser = cli.ArgumentParser(prog="caco-import-torch",
                                      description="Import a PyTorch CaCo checkpoint.")
     parser.add_argument("checkpoint", help="the authors' checkpoint (.pth.tar): CaCo's, or "
-                                           "DINO's or MoCo v3's ViT")
+                                           "DINO's, DINOv2's or MoCo v3's ViT")
     parser.add_argument("--out", required=True, help="run folder to write (must hold no run)")
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="run config to build the model and resume with "
@@ -119,7 +119,7 @@ def _finish_record(args, model, config, folder, record):
 
 
 def import_vit_checkpoint(args, vit_state, folder):
-    """A DINO or MoCo v3 ViT checkpoint: its backbone into the student's and the teacher's
+    """A DINO, DINOv2 or MoCo v3 ViT checkpoint: its backbone into the student's and the teacher's
     backbones of a fresh model of the configuration (the heads stay initialized), written as a
     run folder that evaluates, exports and draws attention maps (it does not resume)."""
     import keras
@@ -135,7 +135,11 @@ def import_vit_checkpoint(args, vit_state, folder):
         name = ("moco_v3_imagenet_vit_small" if prefix.startswith("state_dict.")
                 else "dino_imagenet_vit_small16")
     backbone = torch_import.vit_preset_of(tensors, prefix)
-    config = load_config(name, [f"model.backbone={backbone}", *args.set])
+    # DINOv2's LayerScale, registers, mask token and table size, read from the tensors first:
+    # the user's --set come after and win.
+    image_size = load_config(name, args.set)["data"]["image_size"]
+    config = load_config(name, [f"model.backbone={backbone}",
+                                *torch_import.vit_settings_of(tensors, image_size), *args.set])
     model = build_model(config, steps_per_epoch=1)
     teachers = [layer for layer in (model.key_encoder.layers if model.key_encoder else [])
                 if isinstance(layer, keras.Model)][:1]

@@ -262,6 +262,7 @@ def build_backbone(
     position_embedding: str = "learned",
     frozen_patch_embedding: bool = False,
     hub_arguments: Optional[dict] = None,
+    vit_options: Optional[dict] = None,
 ) -> keras.Model:
     """Build a backbone mapping images ``[B, H, W, C]`` to features ``[B, F]``.
 
@@ -279,6 +280,9 @@ def build_backbone(
       image_size, drop_path, position_embedding, frozen_patch_embedding: a ViT's
         (``vit.build_vit``: ``vit_*`` names give the class token's features, F = the width).
       hub_arguments: ``keras_hub:CLASS``'s arguments (``serving.hub``: a KerasHub backbone).
+      vit_options: a ViT's DINOv2 options (``vit.build_vit``'s ``layer_scale``, ``registers``,
+        ``mask_token``, ``interpolate_offset``, ``interpolate_antialias``); also a KerasHub
+        ``DINOV2Backbone`` preset's, which becomes such a ViT (``hub.build_hub_backbone``).
 
     Raises:
       ValueError: if ``name`` is not a known backbone or ``pool_grid`` is not positive.
@@ -286,16 +290,19 @@ def build_backbone(
     if isinstance(name, str) and name.startswith("keras_hub:"):
         from caco_tf.nets import hub  # the optional extra, only when asked for
 
-        return hub.build_hub_backbone(name, input_shape or (224, 224, 3), hub_arguments)
+        return hub.build_hub_backbone(name, input_shape or (224, 224, 3), hub_arguments,
+                                      image_size=image_size, drop_path=drop_path,
+                                      vit_options=vit_options)
     if vit.is_vit(name):
         if widths is not None or int(pool_grid) != 1:
             raise ValueError(f"{name} takes neither widths nor a pool_grid above 1")
         return vit.build_vit(name, input_shape or (224, 224, 3), image_size=image_size,
                              drop_path=drop_path, positions=position_embedding,
-                             frozen_patch_embedding=frozen_patch_embedding)
-    if drop_path or position_embedding != "learned" or frozen_patch_embedding:
-        raise ValueError(f"drop_path, position_embedding and frozen_patch_embedding apply to "
-                         f"the vit_* backbones, not {name!r}")
+                             frozen_patch_embedding=frozen_patch_embedding,
+                             **(vit_options or {}))
+    if drop_path or position_embedding != "learned" or frozen_patch_embedding or vit_options:
+        raise ValueError(f"drop_path, position_embedding, frozen_patch_embedding and the "
+                         f"vit_options apply to the vit_* backbones, not {name!r}")
     if name not in _BACKBONES:
         raise ValueError(
             f"Unknown backbone {name!r}; known backbones: {', '.join(BACKBONE_NAMES)}"

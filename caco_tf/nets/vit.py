@@ -10,7 +10,16 @@ LayerNorm ε 1e-6, GELU, MLP 4× wide), a final LayerNorm, the class token out.
 Crops of another size than the one the backbone was built for (multi-crop's local crops) get
 the position embeddings resized bicubically over the patch grid, with DINO's arithmetic
 (``interpolate_pos_encoding``: PyTorch's bicubic, A = -0.75, at scale factor (g + 0.1) / g0);
-MoCo v3's fixed 2-D sine-cosine embeddings are computed for whatever grid arrives.
+MoCo v3's fixed 2-D sine-cosine embeddings are computed for whatever grid arrives.  DINOv2's
+variants of that resize are settings: its ``interpolate_offset`` (0: resize to the grid's size)
+and ``interpolate_antialias`` (PyTorch's antialiased bicubic, A = -0.5, the weights renormalized
+at the edges, as DINOv2's checkpoints with registers use).
+
+DINOv2's additions (Oquab et al. 2023, facebookresearch/dinov2 ``vision_transformer.py``), each
+off by default so that every other ViT stays as it was: LayerScale (a learned per-channel scale
+on each residual branch, ``ls1``/``ls2``, started at ``layer_scale``), register tokens (Darcet et
+al. 2024: ``registers`` learned tokens after the class token, without positions, so the tokens
+are [class, registers..., patches]) and the mask token iBOT puts in place of masked patches.
 
 Layer names follow the PyTorch parameter names (``'.'`` → ``'_'``: ``patch_embed``,
 ``blocks_0`` with ``norm1``, ``attn_qkv``, ``attn_proj``, ``norm2``, ``mlp_fc1``, ``mlp_fc2``;
@@ -33,8 +42,9 @@ from keras import layers, ops
 
 from caco_tf.nets.sizes import VIT_SHAPES
 
-__all__ = ["VIT_PRESETS", "ViTShape", "build_vit", "class_attention", "cubic_resize_matrix",
-           "is_vit", "sincos_position_embedding", "vit_blocks"]
+__all__ = ["VIT_PRESETS", "ViTShape", "antialiased_cubic_resize_matrix", "build_vit",
+           "class_attention", "cubic_resize_matrix", "is_vit", "sincos_position_embedding",
+           "vit_blocks"]
 
 
 class ViTShape(NamedTuple):
@@ -63,7 +73,8 @@ def _truncated_normal():
 
 
 def _cubic_weight(distance, a=-0.75):
-    """PyTorch's bicubic convolution kernel (Keys, A = -0.75) at ``|distance|`` < 2."""
+    """PyTorch's bicubic convolution kernel (Keys, A = -0.75; -0.5 when antialiased) at
+    ``|distance|`` < 2."""
     d = ops.abs(distance)
     near = ((a + 2.0) * d - (a + 3.0)) * d * d + 1.0
     far = ((a * d - 5.0 * a) * d + 8.0 * a) * d - 4.0 * a
@@ -87,6 +98,22 @@ def cubic_resize_matrix(size_in, size_out, scale):
         weight = _cubic_weight(fraction - float(tap))
         matrix = matrix + weight[:, None] * ops.one_hot(index, size_in)
     return matrix
+
+
+def antialiased_cubic_resize_matrix(size_in, size_out, scale):
+    """``[size_out, size_in]``: PyTorch's ``interpolate(mode='bicubic', antialias=True)`` along
+    one axis at ``scale`` = input / output positions (also TensorFlow's bicubic resize, KerasHub's).
+
+    Output i centres on (i + 0.5)·scale; input j weighs cubic((j + 0.5 - centre) / max(scale, 1))
+    with Keys' A = -0.5, the kernel widened when shrinking; the weights of the inputs that exist
+    are renormalized to sum to 1 (PIL's edges, not clamped indices).
+    """
+    scale = ops.cast(scale, "float32")
+    centre = (ops.cast(ops.arange(size_out), "float32") + 0.5) * scale
+    stretch = ops.maximum(scale, 1.0)
+    distance = (ops.cast(ops.arange(size_in), "float32")[None] + 0.5 - centre[:, None]) / stretch
+    weights = ops.where(ops.abs(distance) < 2.0, _cubic_weight(distance, a=-0.5), 0.0)
+    return weights / ops.sum(weights, axis=1, keepdims=True)
 
 
 def sincos_position_embedding(rows, cols, width, temperature=10000.0):
@@ -128,21 +155,33 @@ class PatchEmbedding(layers.Layer):
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class Tokens(layers.Layer):
-    """The patch grid ``[B, h, w, D]`` → the token sequence ``[B, 1 + h·w, D]``: the class
-    token first, then the patches row by row, each plus its position embedding.
+    """The patch grid ``[B, h, w, D]`` → the token sequence ``[B, 1 + R + h·w, D]``: the class
+    token first, then the R register tokens, then the patches row by row; the class token and
+    the patches each plus its position embedding (DINOv2's order: registers have none).
 
     ``positions``: ``"learned"`` (DINO: a table for the ``grid``×``grid`` patches of the size the
     backbone was built for, resized bicubically for other grids) or ``"sincos"`` (MoCo v3: fixed,
     computed for the grid that arrives; the class token's position is 0).
+    ``registers``: DINOv2's ``num_register_tokens`` (0: none).  ``mask_token``: a learned token
+    ``call(patches, masks)`` puts in place of the masked patches before their positions
+    (DINOv2's, for iBOT).  ``interpolate_offset``, ``interpolate_antialias``: DINOv2's resize of
+    the learned table (0.1 and False: DINO's).
     """
 
-    def __init__(self, grid, width, positions="learned", **kwargs):
+    def __init__(self, grid, width, positions="learned", registers=0, mask_token=False,
+                 interpolate_offset=DINO_SCALE_OFFSET, interpolate_antialias=False, **kwargs):
         super().__init__(**kwargs)
         if positions not in ("learned", "sincos"):
             raise ValueError(f"positions must be learned or sincos, got {positions!r}")
         if positions == "sincos" and width % 4:
             raise ValueError(f"sine-cosine positions need a width divisible by 4, got {width}")
+        if int(registers) < 0 or float(interpolate_offset) < 0:
+            raise ValueError(f"registers and interpolate_offset must not be negative, got "
+                             f"{registers} and {interpolate_offset}")
         self.grid, self.width, self.positions = int(grid), int(width), positions
+        self.registers, self.has_mask_token = int(registers), bool(mask_token)
+        self.interpolate_offset = float(interpolate_offset)
+        self.interpolate_antialias = bool(interpolate_antialias)
 
     def build(self, input_shape):
         self.cls_token = self.add_weight(shape=(1, 1, self.width), name="cls_token",
@@ -151,6 +190,13 @@ class Tokens(layers.Layer):
             self.pos_embed = self.add_weight(
                 shape=(1, 1 + self.grid * self.grid, self.width), name="pos_embed",
                 initializer=_truncated_normal())
+        if self.registers:  # DINOv2's init: normal, std 1e-6
+            self.register_tokens = self.add_weight(
+                shape=(1, self.registers, self.width), name="register_tokens",
+                initializer=keras.initializers.RandomNormal(stddev=1e-6))
+        if self.has_mask_token:
+            self.mask_token = self.add_weight(shape=(1, self.width), name="mask_token",
+                                              initializer="zeros")
 
     def patch_positions(self, rows, cols):
         """``[rows·cols, D]``: the patches' position embeddings for a rows×cols grid."""
@@ -160,37 +206,58 @@ class Tokens(layers.Layer):
         if isinstance(rows, int) and isinstance(cols, int) and rows == cols == self.grid:
             return ops.cast(table, self.compute_dtype)  # the built size: the table itself
         table = ops.reshape(table, (self.grid, self.grid, self.width))
-        row_map = cubic_resize_matrix(self.grid, rows, self._scale(rows))
-        col_map = cubic_resize_matrix(self.grid, cols, self._scale(cols))
+        resize = (antialiased_cubic_resize_matrix if self.interpolate_antialias
+                  else cubic_resize_matrix)
+        row_map = resize(self.grid, rows, self._scale(rows))
+        col_map = resize(self.grid, cols, self._scale(cols))
         resized = ops.einsum("ri,ijd,cj->rcd", row_map, table, col_map)
         return ops.cast(ops.reshape(resized, (-1, self.width)), self.compute_dtype)
 
     def _scale(self, size):
         # DINO passes scale_factor (size + 0.1) / grid; PyTorch then reads 1 / scale_factor.
-        return self.grid / (ops.cast(size, "float32") + DINO_SCALE_OFFSET)
+        # DINOv2 without the offset passes the size, and PyTorch reads grid / size.
+        return self.grid / (ops.cast(size, "float32") + self.interpolate_offset)
 
     def class_position(self):
         if self.positions == "sincos":
             return ops.zeros((1, 1, self.width), self.compute_dtype)
         return ops.cast(self.pos_embed[:, :1], self.compute_dtype)
 
-    def call(self, patches):
+    def call(self, patches, masks=None):
+        """``masks``: ``[B, h·w]`` booleans, True where the mask token replaces the patch."""
         shape = ops.shape(patches)
         batch, rows, cols = shape[0], shape[1], shape[2]
         tokens = ops.reshape(patches, (batch, -1, self.width))
+        if masks is not None:
+            if not self.has_mask_token:
+                raise ValueError("masks need a mask token: build the ViT with mask_token=True")
+            tokens = ops.where(ops.cast(masks, "bool")[..., None],
+                               ops.cast(self.mask_token, tokens.dtype)[None], tokens)
         tokens = tokens + self.patch_positions(rows, cols)[None]
         cls = ops.cast(self.cls_token, tokens.dtype) + self.class_position()
         cls = ops.broadcast_to(cls, (batch, 1, self.width))
-        return ops.concatenate([cls, tokens], axis=1)
+        if not self.registers:
+            return ops.concatenate([cls, tokens], axis=1)
+        registers = ops.broadcast_to(ops.cast(self.register_tokens, tokens.dtype),
+                                     (batch, self.registers, self.width))
+        return ops.concatenate([cls, registers, tokens], axis=1)
 
     def compute_output_shape(self, input_shape):
         batch, rows, cols, _ = input_shape
-        count = None if rows is None or cols is None else 1 + rows * cols
+        count = None if rows is None or cols is None else 1 + self.registers + rows * cols
         return (batch, count, self.width)
 
     def get_config(self):
-        return dict(super().get_config(), grid=self.grid, width=self.width,
-                    positions=self.positions)
+        config = dict(super().get_config(), grid=self.grid, width=self.width,
+                      positions=self.positions)
+        # DINOv2's settings only when set: a ViT without them saves the config it always had.
+        for key, value, default in (
+                ("registers", self.registers, 0), ("mask_token", self.has_mask_token, False),
+                ("interpolate_offset", self.interpolate_offset, DINO_SCALE_OFFSET),
+                ("interpolate_antialias", self.interpolate_antialias, False)):
+            if value != default:
+                config[key] = value
+        return config
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -239,15 +306,40 @@ class DropPath(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
+class LayerScale(layers.Layer):
+    """``x · γ``, a learned scale per channel started at ``init_value`` (CaiT's LayerScale,
+    DINOv2's ``ls1``/``ls2``: 1e-5 for training from scratch, its released weights' hub models 1)."""
+
+    def __init__(self, width, init_value, **kwargs):
+        super().__init__(**kwargs)
+        self.width, self.init_value = int(width), float(init_value)
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(shape=(self.width,), name="gamma",
+                                     initializer=keras.initializers.Constant(self.init_value))
+
+    def call(self, x):
+        return x * ops.cast(self.gamma, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return dict(super().get_config(), width=self.width, init_value=self.init_value)
+
+
+@keras.saving.register_keras_serializable(package="caco_tf")
 class TransformerBlock(layers.Layer):
     """A pre-norm block: ``x + DropPath(Attention(LN(x)))``, then ``x + DropPath(MLP(LN(x)))``.
 
     Attention: one Linear gives q, k, v for every head (``attn_qkv``), softmax(q·kᵀ/√d_head)
     weighs v, a Linear mixes the heads (``attn_proj``).  DropPath (stochastic depth) drops a
     sample's whole branch with probability ``drop_path``, the kept ones scaled by 1/(1 - p).
+    ``layer_scale`` > 0: each branch scaled per channel before the sum (DINOv2's
+    ``x + DropPath(ls1(Attention(LN(x))))``), the scales started at that value; 0: none.
     """
 
-    def __init__(self, width, heads, mlp_ratio=4.0, drop_path=0.0, **kwargs):
+    def __init__(self, width, heads, mlp_ratio=4.0, drop_path=0.0, layer_scale=0.0, **kwargs):
         super().__init__(**kwargs)
         if width % heads:
             raise ValueError(f"the width {width} must be divisible by the heads {heads}")
@@ -262,6 +354,10 @@ class TransformerBlock(layers.Layer):
         self.mlp_act = GELU(name="mlp_act")
         self.mlp_fc2 = layers.Dense(self.width, name="mlp_fc2", **dense)
         self.drop = DropPath(self.drop_path, name="drop_path")
+        self.layer_scale = float(layer_scale)
+        if self.layer_scale:
+            self.ls1 = LayerScale(self.width, self.layer_scale, name="ls1")
+            self.ls2 = LayerScale(self.width, self.layer_scale, name="ls2")
 
     def build(self, input_shape):
         hidden = (input_shape[0], input_shape[1], int(self.width * self.mlp_ratio))
@@ -272,6 +368,9 @@ class TransformerBlock(layers.Layer):
         self.mlp_fc1.build(input_shape)
         self.mlp_fc2.build(hidden)
         self.drop.build(input_shape)
+        if self.layer_scale:
+            self.ls1.build(input_shape)
+            self.ls2.build(input_shape)
 
     def attention(self, x):
         """The heads' attention weights ``[B, heads, N, N]`` and their mixed output ``[B, N, D]``."""
@@ -290,16 +389,23 @@ class TransformerBlock(layers.Layer):
         weights, attended = self.attention(self.norm1(x))
         if return_attention:
             return weights
+        if self.layer_scale:
+            attended = self.ls1(attended)
         x = x + self.drop(attended, training=training)
         hidden = self.mlp_fc2(self.mlp_act(self.mlp_fc1(self.norm2(x))))
+        if self.layer_scale:
+            hidden = self.ls2(hidden)
         return x + self.drop(hidden, training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
-        return dict(super().get_config(), width=self.width, heads=self.heads,
-                    mlp_ratio=self.mlp_ratio, drop_path=self.drop_path)
+        config = dict(super().get_config(), width=self.width, heads=self.heads,
+                      mlp_ratio=self.mlp_ratio, drop_path=self.drop_path)
+        if self.layer_scale:  # only when set: a block without it saves the config it always had
+            config["layer_scale"] = self.layer_scale
+        return config
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -315,7 +421,10 @@ class ClassToken(layers.Layer):
 
 def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
               image_size: Optional[int] = None, drop_path: float = 0.0,
-              positions: str = "learned", frozen_patch_embedding: bool = False) -> keras.Model:
+              positions: str = "learned", frozen_patch_embedding: bool = False,
+              layer_scale: float = 0.0, registers: int = 0, mask_token: bool = False,
+              interpolate_offset: float = DINO_SCALE_OFFSET,
+              interpolate_antialias: bool = False) -> keras.Model:
     """The ViT ``name`` (``VIT_PRESETS``, or a ``ViTShape``) on images ``input_shape``, its
     features the class token's.
 
@@ -323,7 +432,9 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
     it is fixed; required when it is not, as with multi-crop).  ``drop_path``: the last block's
     stochastic-depth rate, the others' rising linearly from 0 (DINO: 0.1 for ViT-S).
     ``frozen_patch_embedding``: MoCo v3's random patch projection, never trained
-    (``stop_grad_conv1``).
+    (``stop_grad_conv1``).  ``layer_scale``, ``registers``, ``mask_token``,
+    ``interpolate_offset``, ``interpolate_antialias``: DINOv2's (``TransformerBlock``,
+    ``Tokens``); their defaults leave DINO's ViT.
     """
     shape, name = (name, "vit") if isinstance(name, ViTShape) else (VIT_PRESETS[name], name)
     height, width, _ = input_shape
@@ -337,11 +448,13 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
     inputs = keras.Input(shape=tuple(input_shape), dtype="float32", name="images")
     patch_embed = PatchEmbedding(shape.patch, shape.width, name="patch_embed")
     patch_embed.trainable = not frozen_patch_embedding
-    x = Tokens(grid, shape.width, positions, name="tokens")(patch_embed(inputs))
+    x = Tokens(grid, shape.width, positions, registers=registers, mask_token=mask_token,
+               interpolate_offset=interpolate_offset, interpolate_antialias=interpolate_antialias,
+               name="tokens")(patch_embed(inputs))
     rates = np.linspace(0.0, float(drop_path), shape.depth)  # DINO's dpr
     for index in range(shape.depth):
         x = TransformerBlock(shape.width, shape.heads, drop_path=float(rates[index]),
-                             name=f"blocks_{index}")(x)
+                             layer_scale=layer_scale, name=f"blocks_{index}")(x)
     x = layers.LayerNormalization(epsilon=1e-6, name="norm")(x)
     return keras.Model(inputs, ClassToken(name="class_token")(x), name=name)
 
@@ -365,7 +478,8 @@ def class_attention(backbone, images):
         x = block(x, training=False)
     weights = blocks[-1](x, training=False, return_attention=True)
     heads = ops.shape(weights)[1]
-    return ops.reshape(weights[:, :, 0, 1:], (-1, heads, rows, cols))
+    # The patches follow the class token and the registers.
+    return ops.reshape(weights[:, :, 0, 1 + tokens.registers:], (-1, heads, rows, cols))
 
 
 def smallest_fraction_mask(attention, fraction=0.6):

@@ -181,12 +181,13 @@ PREPROCESSING = ("image_size", "channels", "mean", "std")
 
 
 def export_model(model, path, format="saved_model", serving_layout=False, version=1,
-                 output="features", preprocessing=None):
+                 output="features", preprocessing=None, hub_class="auto"):
     """Export a method model (``caco_tf.methods``) in ``format``, preprocessing inside, from
     what the model knows of it (``model.preprocessing``, updated by ``preprocessing``).
     ``saved_model`` (also Keras' ``tf_saved_model``): at ``path``, or
     ``path/backbone/<version>/`` with ``serving_layout``; ``onnx``, ``litert``: one file at
-    ``path`` (``caco_tf.serving.interop``; ``output``: ``features``, or ``embedding``).  A model
+    ``path`` (``caco_tf.serving.interop``; ``output``: ``features``, or ``embedding``);
+    ``keras-hub``: a preset directory of ``hub_class`` (``caco_tf.serving.hub``).  A model
     that knows no preprocessing is exported as a SavedModel of float images
     (``export_float_saved_model``).  Returns the path written."""
     settings = dict(model.preprocessing or {}, **(preprocessing or {}))
@@ -195,7 +196,7 @@ def export_model(model, path, format="saved_model", serving_layout=False, versio
         from caco_tf.serving import hub
 
         return hub.export_preset(model.backbone, path, {
-            key: settings[key] for key in PREPROCESSING if key in settings})
+            key: settings[key] for key in PREPROCESSING if key in settings}, hub_class=hub_class)
     if not set(PREPROCESSING) <= set(settings):
         if format != "saved_model":
             raise ValueError(f"{format} export needs the model's preprocessing: pass "

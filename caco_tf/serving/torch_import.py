@@ -251,12 +251,19 @@ def resume_point(config, epoch, steps_per_epoch):
 # layers after them.
 _VIT_PARTS = {"norm1": "norm1", "attn_qkv": "attn.qkv", "attn_proj": "attn.proj",
               "norm2": "norm2", "mlp_fc1": "mlp.fc1", "mlp_fc2": "mlp.fc2"}
+# DINOv2's blocks add LayerScale's ls1.gamma and ls2.gamma; its tokens register_tokens and
+# mask_token (facebookresearch/dinov2 vision_transformer.py and layers/).
+_LAYER_SCALES = ("ls1", "ls2")
 #: Where each published ViT checkpoint keeps the backbone: (section, key prefix, whose).
 VIT_LAYOUTS = (
     (None, "", "DINO's backbone file (dino_*_pretrain.pth: the teacher's backbone)"),
     ("teacher", "backbone.", "DINO's full checkpoint (the teacher's backbone, as DINO evaluates)"),
     ("state_dict", "module.base_encoder.", "MoCo v3's checkpoint (the base encoder)"),
 )
+_DINOV2_FILE = "DINOv2's backbone file (dinov2_*_pretrain.pth)"
+_DINOV2_FULL = "DINOv2's training checkpoint (the teacher's backbone)"
+# DINOv2 chunks its blocks for FSDP (block_chunks > 0): blocks.<chunk>.<block>.* in its files.
+_CHUNKED_BLOCK = re.compile(r"^blocks\.\d+\.(\d+)\.")
 
 
 def vit_backbone_state(checkpoint):
@@ -266,9 +273,42 @@ def vit_backbone_state(checkpoint):
         tensors = checkpoint if section is None else checkpoint.get(section)
         if isinstance(tensors, dict) and f"{prefix}cls_token" in tensors:
             shown = prefix if section is None else f"{section}.{prefix}"
-            return ({key[len(prefix):]: value for key, value in tensors.items()
-                     if key.startswith(prefix)}, shown, what)
+            tensors = {_CHUNKED_BLOCK.sub(r"blocks.\1.", key[len(prefix):]): value
+                       for key, value in tensors.items() if key.startswith(prefix)}
+            if is_dinov2(tensors):  # the same places, DINOv2's additions inside
+                what = _DINOV2_FILE if section is None else _DINOV2_FULL
+            return tensors, shown, what
     return None
+
+
+def is_dinov2(tensors):
+    """Whether a ViT's tensors are DINOv2's layout (its mask token, LayerScale or registers)."""
+    return any(key in tensors for key in ("mask_token", "register_tokens", "blocks.0.ls1.gamma"))
+
+
+def vit_settings_of(tensors, image_size=None):
+    """The model settings (``--set`` lines) a DINOv2-layout backbone needs beside its preset:
+    LayerScale, the registers, the mask token and the position table's image side when it is not
+    ``image_size``, read from the tensors; DINOv2's resize of that table by its hub's rule
+    (checkpoints with registers: no offset, antialiased; without: DINO's)."""
+    if not is_dinov2(tensors):
+        return []
+    settings = []
+    if "blocks.0.ls1.gamma" in tensors:  # the value starts the scales only; the file's replace it
+        settings.append("model.layer_scale=1e-05")
+    if "register_tokens" in tensors:
+        count = _to_numpy(tensors["register_tokens"]).shape[1]
+        settings += [f"model.registers={count}", "model.interpolate_offset=0.0",
+                     "model.interpolate_antialias=true"]
+    if "mask_token" in tensors:
+        settings.append("model.mask_token=true")
+    if "pos_embed" in tensors and "patch_embed.proj.weight" in tensors:
+        positions = _to_numpy(tensors["pos_embed"]).shape[1] - 1
+        grid = int(round(positions ** 0.5))
+        side = grid * _to_numpy(tensors["patch_embed.proj.weight"]).shape[-1]
+        if grid * grid == positions and side != image_size:
+            settings.append(f"model.position_table_size={side}")
+    return settings
 
 
 def vit_preset_of(tensors, shown_prefix=""):
@@ -304,7 +344,15 @@ def vit_targets(backbone):
                "norm.weight": (norm.gamma, _identity), "norm.bias": (norm.beta, _identity)}
     if tokens.positions == "learned":
         targets["pos_embed"] = (tokens.pos_embed, _identity)
+    if tokens.registers:
+        targets["register_tokens"] = (tokens.register_tokens, _identity)
+    if tokens.has_mask_token:
+        targets["mask_token"] = (tokens.mask_token, _identity)
     for index, block in enumerate(blocks):
+        if block.layer_scale:
+            for scale in _LAYER_SCALES:
+                targets[f"blocks.{index}.{scale}.gamma"] = (getattr(block, scale).gamma,
+                                                            _identity)
         for ours, theirs in _VIT_PARTS.items():
             layer = getattr(block, ours)
             if isinstance(layer, keras.layers.LayerNormalization):
