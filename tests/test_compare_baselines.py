@@ -322,3 +322,34 @@ def test_the_linear_protocol_measures_both_baselines_from_a_configuration(tmp_pa
                                    data=f"split:{few}", held_out=f"split:{test}", **quick)
     assert untrained["encoder"].startswith("untrained ") and untrained["train_images"] == 6
     assert untrained["test_images"] == 15 and 0.0 <= untrained["top1"] <= 100.0
+
+
+def test_the_few_label_probe_takes_its_own_epochs_else_the_linear_protocols(
+        tmp_path, monkeypatch, fake_protocols):
+    comparison = with_draws(fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0]}))
+    assert runner.few_label_epochs(comparison.plan["arguments"]) == 1  # a plan without it
+    comparison.plan["arguments"]["few_label_epochs"] = 7
+    runner.measure_baselines(comparison, say=lambda line: None)
+    assert sorted({("data" in given, given.get("epochs")) for protocol, given in fake_protocols
+                   if protocol == "linear"}) == [(False, 1), (True, 7)]
+    unit = dict(image_seconds=0.0, fit_seconds=0.0, epoch_seconds=0.0, step_seconds=1.0)
+    shutil.rmtree(os.path.join(comparison.folder, "baselines"))  # the estimate counts them all
+    assert runner.baseline_seconds(comparison, unit) == pytest.approx(2 * (
+        runner.linear_seconds(unit, 4000, 1000, 1) + 3 * runner.linear_seconds(unit, 20, 1000, 7)))
+    asked = []
+
+    def evaluate(protocol, **given):
+        asked.append(given)
+        return {"top1": 60.0}
+
+    key = "final/caco/seed1"
+    comparison.save_entry(key, {"seed": 1, "knn_top1": 91.0})
+    monkeypatch.setattr("caco_tf.evaluation.protocols.evaluate", evaluate)
+    runner.evaluate(comparison, key)
+    assert [(given.get("data") is None, given["epochs"]) for given in asked] == [
+        (True, 1), (False, 7), (False, 7), (False, 7)]  # linear at --linear-epochs, 3 draws
+
+def test_few_label_epochs_below_one_is_one_error_line(tmp_path, capsys):
+    status, lines = compare(["--config", "mnist", "--data", "mnist", "--few-label-epochs", "0",
+                             "--out", str(tmp_path / "c")], capsys)
+    assert status == 2 and lines == ["error: --few-label-epochs must be at least 1, got 0"]

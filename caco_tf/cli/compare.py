@@ -71,7 +71,11 @@ def parse_args(argv):
                       help="of the images, carved for the test where the source has no "
                            "held-out split (default 0.2)")
     plan.add_argument("--linear-epochs", type=int, default=100,
-                      help="epochs of the linear protocols (default 100)")
+                      help="epochs of the linear protocol (default 100)")
+    plan.add_argument("--few-label-epochs", type=int, metavar="N",
+                      help="epochs of the few-label protocol (default: --linear-epochs; with "
+                           "a few images a class an epoch is one step; a rerun keeps its "
+                           "plan's)")
     curves = parser.add_argument_group("learning curves (validation kNN during training)")
     curves.add_argument("--curve-every", type=int, metavar="N",
                         help="every run measures its curve every N epochs (default 1; 0: no "
@@ -129,6 +133,8 @@ def arguments_of(args):
                              ("--few-label-draws", 1 if args.few_label_draws is None
                               else args.few_label_draws, 1),
                              ("--linear-epochs", args.linear_epochs, 1),
+                             ("--few-label-epochs", 1 if args.few_label_epochs is None
+                              else args.few_label_epochs, 1),
                              ("--seed", args.seed, 0)):
         if value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
@@ -172,7 +178,8 @@ def arguments_of(args):
                  "validation_fraction": args.validation_fraction,
                  "test_fraction": args.test_fraction, "linear_epochs": args.linear_epochs,
                  "curve_every": args.curve_every, "curve_images": curve_images,
-                 "few_label_draws": args.few_label_draws}
+                 "few_label_draws": args.few_label_draws,
+                 "few_label_epochs": args.few_label_epochs}
     config = runner.budget_config(arguments)  # one line for a bad setting, now
     most = trials.max_trials(methods, config)
     if args.trials > most:

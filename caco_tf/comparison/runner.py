@@ -35,11 +35,11 @@ ENTRY = "comparison.json"  # in each run's folder: what was measured of that run
 # What defines a comparison: a re-run that differs in one of these is another comparison.
 PLAN_KEYS = ("config", "data", "labels", "settings", "methods", "trials", "seeds", "seed",
              "few_labels", "validation_fraction", "test_fraction", "linear_epochs",
-             "curve_every", "curve_images", "few_label_draws")
+             "curve_every", "curve_images", "few_label_draws", "few_label_epochs")
 # Arguments plans gained after they were first written: {key: (what a plan without it meant,
 # a new plan's default)}.  A command that leaves one unset (None) takes its plan's.
 LATER_ARGUMENTS = {"curve_every": (0, 1), "curve_images": (None, [2000, 1000]),
-                   "few_label_draws": (None, 5)}
+                   "few_label_draws": (None, 5), "few_label_epochs": (None, None)}
 
 
 class Comparison:
@@ -624,6 +624,13 @@ def few_label_splits(comparison):
     return splits_lib.few_label_names(arguments["few_labels"], arguments.get("few_label_draws"))
 
 
+def few_label_epochs(arguments):
+    """The few-label probe's epochs: ``--few-label-epochs``, else (and in older plans) the
+    linear protocol's.  With 10 images a class an epoch is one step of the probe, so the
+    epochs that suit 20,000 images leave it short of converged."""
+    return arguments.get("few_label_epochs") or arguments["linear_epochs"]
+
+
 def few_label_file(split):
     """A run folder's JSON of the few-label evaluation on ``split``
     (``eval_linear_few_labels_<d>.json``; ``FEW_LABEL`` for ``few_labels``)."""
@@ -662,10 +669,11 @@ def evaluate(comparison, key):
     draws = few_label_splits(comparison)
     if draws and "few_label_top1" not in entry:
         values = list(entry.get("few_label_top1_draws", []))
+        few = dict(linear, epochs=few_label_epochs(arguments))
         for split in draws[len(values):]:
             result = protocols.evaluate(
                 "linear", run=run_dir, data=f"split:{comparison.split(split)}",
-                held_out=f"split:{comparison.split('test')}", **linear)
+                held_out=f"split:{comparison.split('test')}", **few)
             write_json_atomically(os.path.join(run_dir, few_label_file(split)), result,
                                   indent=1)
             values.append(result["top1"])
@@ -703,7 +711,7 @@ def measure_baselines(comparison, say=print):
     """The raw pixels and the untrained network (seeded by the comparison's seed) measured on
     the test split by every probe (``baseline_probes``): the kNN at the budget's image size and
     kNN settings, the linear protocol on the training images and on each few-label draw, at
-    ``--linear-epochs``: what a method has to beat to be worth its training on these images.
+    ``--linear-epochs`` (a few-label draw at ``few_label_epochs``): what a method has to beat to be worth its training on these images.
     Built from the budget as the first method's final runs train it (no run folder is read: a
     comparison restored from its JSON files measures them again); each once, after a final run
     has been measured.  Returns ``baselines`` (the kNN figures)."""
@@ -730,7 +738,8 @@ def measure_baselines(comparison, say=print):
             result = protocols.evaluate(
                 "linear", config=config, baseline=name, seed=seed,
                 data=f"split:{comparison.split(probe)}",
-                held_out=f"split:{comparison.split('test')}", **linear)
+                held_out=f"split:{comparison.split('test')}",
+                **dict(linear, epochs=few_label_epochs(arguments)))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_json_atomically(path, result, indent=1)
         words = {"knn": "kNN", "linear": "linear"}.get(probe, f"few-label ({probe})")
@@ -993,7 +1002,7 @@ def estimate_seconds(comparison):
             if draws and "few_label_top1" not in entry:
                 left = draws - len(entry.get("few_label_top1_draws", []))
                 total += left * linear_seconds(costs, images["few_labels"], images["test"],
-                                               epochs)
+                                               few_label_epochs(arguments))
     if costs:
         total += baseline_seconds(comparison, costs)
     return total
@@ -1004,7 +1013,7 @@ def baseline_seconds(comparison, costs):
     features of the training and test images, the linear protocol's fits on the training
     images and on each few-label draw (the raw pixels' features, wider than the network's,
     are counted as the network's)."""
-    images, epochs = comparison.plan["images"], comparison.plan["arguments"]["linear_epochs"]
+    images, arguments = comparison.plan["images"], comparison.plan["arguments"]
     total = 0.0
     for name in BASELINES:
         for probe in baseline_probes(comparison):
@@ -1012,9 +1021,12 @@ def baseline_seconds(comparison, costs):
                 continue
             if probe == "knn":
                 total += costs["image_seconds"] * (images["train"] + images["test"])
+            elif probe == "linear":
+                total += linear_seconds(costs, images["train"], images["test"],
+                                        arguments["linear_epochs"])
             else:
-                total += linear_seconds(costs, images["few_labels" if probe != "linear"
-                                                      else "train"], images["test"], epochs)
+                total += linear_seconds(costs, images["few_labels"], images["test"],
+                                        few_label_epochs(arguments))
     return total
 
 
