@@ -18,9 +18,9 @@ from typing import Optional
 import tensorflow as tf
 
 from caco_tf import data
-from caco_tf.data import DEFAULT_CROP_FRACTION, augment, service, sources
+from caco_tf.data import DEFAULT_CROP_FRACTION, augment, masks, service, sources
 from caco_tf.methods import model_class
-from caco_tf.nets import backbones
+from caco_tf.nets import backbones, sizes, tokens
 from caco_tf.training import callbacks, optimizers
 from caco_tf.config import (ConfigError, load_config, settings_section,
                             upgrade_saved_config)
@@ -104,6 +104,7 @@ def plan_run(settings, train, replicas=1, warn=True):
     built.  ``warn``: log what they can hold but not well (``batch_cautions``), one line each
     on the ``caco_tf`` logger."""
     plan = RunPlan.of(settings, len(train) // settings.train.batch_size, replicas)
+    check_backbone(plan, settings.model.backbone)
     check_sizes(plan, len(train), plan.embedding_dim)
     check_image_size(settings.data, train)
     plan = dataclasses.replace(plan, probe_classes=online_probe_classes(settings, train))
@@ -111,6 +112,13 @@ def plan_run(settings, train, replicas=1, warn=True):
         for caution in batch_cautions(plan):
             logging.getLogger("caco_tf").warning("warning: %s", caution)
     return plan
+
+
+def check_backbone(plan, backbone):
+    """Refuse, in one line, a method that works on a ViT's tokens (``CONSUMES``) on a
+    backbone that has none (``model.backbone``: a ConvNet, a KerasHub backbone)."""
+    if plan.method.CONSUMES == "tokens" and backbone not in sizes.VIT_SHAPES:
+        raise ConfigError(tokens.tokens_refusal(plan.method.method, backbone))
 
 
 def batch_cautions(plan):
@@ -152,12 +160,28 @@ def method_arguments(plan):
     return arguments
 
 
-def build_views(data, views_per_image=2):
+def view_masks(settings):
+    """(the mask kinds, the patch grid) the run's method takes with its views
+    (``Method.view_masks`` on its ViT's grid at ``data.image_size``), or None."""
+    kinds = model_class(settings.method).view_masks(settings.method_settings)
+    if not kinds or settings.model.backbone not in sizes.VIT_SHAPES:  # the method refuses it
+        return None
+    patch = sizes.VIT_SHAPES[settings.model.backbone][0]
+    return kinds, masks.grid_of(settings.data.image_size, patch)
+
+
+def build_views(data, views_per_image=2, view_masks=None):
     """The views ``data.views`` names (``caco_tf.data.augment``), at the configured sizes, with
     ``data.extra_layers`` appended to every view; with ``data.views_on_device``, split between
     the input pipeline and the train step (``augment.ColourOnDevice``).  ``data``: the run's
     data settings (``RunSettings.data``); ``views_per_image``: the method's K equal views
-    (``RunSettings.views_per_image``; multi-crop's are its own)."""
+    (``RunSettings.views_per_image``; multi-crop's are its own); ``view_masks``: (the mask
+    kinds, the patch grid) its masks are drawn on after the views (``view_masks``), or None."""
+    views = _built_views(data, views_per_image)
+    return views if view_masks is None else masks.MaskedViews(views, *view_masks)
+
+
+def _built_views(data, views_per_image):
     views = _named_views(data, views_per_image)
     if data.views_on_device:  # the configuration refuses extra layers with it
         return augment.ColourOnDevice(views)
@@ -191,7 +215,7 @@ def _named_views(data, count):
 def run_views(config):
     """``build_views`` of a whole configuration (a tool that holds no ``RunSettings``)."""
     settings = RunSettings.of(config)
-    return build_views(settings.data, settings.views_per_image)
+    return build_views(settings.data, settings.views_per_image, view_masks(settings))
 
 
 def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None, views=None):
@@ -244,7 +268,7 @@ def build_planned_model(settings, plan, views=None):
         name="projector", **{**plan.method.projector_shape(plan.settings),
                              "output_dim": plan.embedding_dim})
     if views is None:  # after the networks: data.extra_layers' layers draw Python's seeds too
-        views = build_views(data_settings, settings.views_per_image)
+        views = build_views(data_settings, settings.views_per_image, view_masks(settings))
     jit_compile = use_xla(train.jit_compile, plan.replicas)
     method = plan.method(
         backbone, projector, **method_arguments(plan), warmup_steps=plan.warmup_steps,

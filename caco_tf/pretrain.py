@@ -13,7 +13,7 @@ import yaml
 
 from caco_tf import __version__, data
 from caco_tf.build import (build_planned_model, build_views, health_sample, load_data,
-                           plan_run, precise_bn)
+                           plan_run, precise_bn, view_masks)
 from caco_tf.data import service
 from caco_tf.run_settings import RunSettings
 from caco_tf.evaluation.monitor import knn_monitor, knn_top1
@@ -82,7 +82,7 @@ def _run(config, settings, folder, strategy, chief, verbose, stack):
     plan = plan_run(settings, train, strategy.num_replicas_in_sync)
     # One views object for the input pipeline, the model and the evaluations; building it
     # checks the views' shapes: before anything is written.
-    views = build_views(settings.data, settings.views_per_image)
+    views = build_views(settings.data, settings.views_per_image, view_masks(settings))
     if settings.data.service:  # servable, and the dispatcher answers
         service.check_servable(train, views)
         service.check_dispatcher(settings.data.service)

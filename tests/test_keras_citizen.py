@@ -12,15 +12,21 @@ import tensorflow as tf
 
 from caco_tf import build, methods
 from caco_tf.config import load_config
-from tiny_methods import CONFIG_OVERRIDES, by_tier
+from tiny_methods import CONFIG_OVERRIDES, by_tier, overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = CONFIG_OVERRIDES + ["method.caco.warmup_epochs=1", "train.batch_size=8", "train.epochs=3",
                            "evaluation.online_probe=false"]
 
 
-def _batches(count, seed=0):
+def _batches(count, seed=0, method=None):
+    """``count`` batches of 8: two views, or the view and masks a method of masks takes."""
     x = np.random.default_rng(seed).random((count, 8, 28, 28, 1)).astype("float32")
+    kinds = methods.model_class(method).view_masks() if method else ()
+    if kinds:
+        return tf.data.Dataset.from_tensor_slices((x, *(kind.draw(
+            tf.constant([seed, i], tf.int64), count * 8, 7, 7).numpy().reshape(
+                count, 8, *kind.shape(7, 7)) for i, kind in enumerate(kinds))))
     return tf.data.Dataset.from_tensor_slices((x, x[:, ::-1]))
 
 
@@ -33,11 +39,11 @@ def _state(model):
 @pytest.mark.parametrize("method", by_tier(methods.METHODS))
 def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
     keras.utils.set_random_seed(0)
-    config = load_config(None, TINY + [f"method.name={method}"])
+    config = load_config(None, TINY + overrides(method) + [f"method.name={method}"])
     model = build.build_model(config, steps_per_epoch=2)
     model.run_eagerly = True  # the state saved and restored is the same; no trace per model
     # CaCo: into its own phase (step 3 > 2); SwAV and DINO: past their frozen heads' epoch.
-    model.fit(_batches(3), epochs=1, verbose=0)
+    model.fit(_batches(3, method=method), epochs=1, verbose=0)
     path = str(tmp_path / "model.keras")
     model.save(path)
     loaded = keras.models.load_model(path)
@@ -50,7 +56,7 @@ def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
     assert before.keys() == restored.keys()
     for name in before:  # student, teacher, bank, queues, center, optimizer, step
         np.testing.assert_array_equal(restored[name], before[name], err_msg=name)
-    step = _batches(1, seed=1)
+    step = _batches(1, seed=1, method=method)
     model.fit(step, epochs=1, verbose=0)
     loaded.fit(step, epochs=1, verbose=0)
     after, continued = _state(model), _state(loaded)
@@ -61,7 +67,7 @@ def test_save_load_round_trips_and_training_continues_exactly(method, tmp_path):
 
 @pytest.mark.parametrize("method", list(methods.METHODS))
 def test_every_method_is_rebuilt_from_its_config(method):
-    config = load_config(None, TINY + [f"method.name={method}"])
+    config = load_config(None, TINY + overrides(method) + [f"method.name={method}"])
     model = build.build_model(config, steps_per_epoch=2)
     registered = keras.saving.get_registered_name(type(model))
     assert registered == f"caco_tf>{type(model).__name__}"

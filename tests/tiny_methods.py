@@ -5,8 +5,11 @@ import keras
 import numpy as np
 import pytest
 
+import tensorflow as tf
+
 from caco_tf import methods
-from caco_tf.nets import backbones
+from caco_tf.data import masks
+from caco_tf.nets import backbones, vit
 from caco_tf.nets.layers import BatchNormalization
 
 BATCH, BANK, SIZE = 8, 32, 12
@@ -30,6 +33,15 @@ CONFIG_OVERRIDES = ["model.projector_hidden=32", "model.embedding_dim=16"] + [
     for key, setting in _tiny_settings(cls).items()]
 
 
+# A method of a ViT's tokens (``CONSUMES``) trains the micro ViT in the tests' configurations.
+TOKEN_OVERRIDES = ["model.backbone=vit_micro_patch4"]
+
+
+def overrides(method):
+    """The configuration overrides a tiny run of ``method`` needs beyond ``CONFIG_OVERRIDES``."""
+    return TOKEN_OVERRIDES if methods.model_class(method).CONSUMES == "tokens" else []
+
+
 # The fast tier (pytest -m "not slow") runs the per-method tests of one method of each family:
 # CaCo for the InfoNCE family, BYOL for the others; the whole suite runs every method.
 FAST_METHODS = ("caco", "byol")
@@ -48,13 +60,15 @@ def tiny(method, warmup_steps=0, sync=False, any_size=False, steps_per_execution
     ``backbone(input_shape)`` builds another backbone than the one-convolution one."""
     keras.utils.set_random_seed(0)
     shape = (None, None, 1) if any_size else (SIZE, SIZE, 1)
+    cls = methods.model_class(method)
+    if backbone is None and cls.CONSUMES == "tokens":  # 3x3 patches of 4 px
+        backbone = lambda shape: vit.build_vit("vit_micro_patch4", shape, image_size=SIZE)  # noqa: E731
     backbone = backbone(shape) if backbone else keras.Sequential([
         keras.Input(shape),
         keras.layers.Conv2D(4, 3, strides=2, use_bias=False),
         BatchNormalization(synchronized=sync),
         keras.layers.ReLU(),
         keras.layers.GlobalAveragePooling2D()], name="backbone")
-    cls = methods.model_class(method)
     projector = backbones.build_mlp(backbone.output_shape[-1], 16, 6, sync_batchnorm=sync,
                                     name="projector", **cls.PROJECTOR)
     given = dict(ARGUMENTS[method], **arguments)
@@ -66,8 +80,15 @@ def tiny(method, warmup_steps=0, sync=False, any_size=False, steps_per_execution
     return model
 
 
-def views(seed=0, batch=BATCH, crops=2, local_crops=0, local_size=8):
-    """``crops`` random global views (and ``local_crops`` smaller ones) of a batch."""
+def views(seed=0, batch=BATCH, crops=2, local_crops=0, local_size=8, method=None):
+    """``crops`` random global views (and ``local_crops`` smaller ones) of a batch; for a
+    ``method`` that declares masks (``view_masks``), its views then its masks on the micro
+    ViT's 3x3 grid."""
     rng = np.random.default_rng(seed)
+    kinds = methods.model_class(method).view_masks() if method else ()
+    if method:
+        crops = methods.model_class(method).view_count()
+    drawn = tuple(kind.draw(tf.constant([seed, index], tf.int64), batch, SIZE // 4,
+                            SIZE // 4).numpy() for index, kind in enumerate(kinds))
     return tuple(rng.normal(size=(batch, size, size, 1)).astype("float32")
-                 for size in [SIZE] * crops + [local_size] * local_crops)
+                 for size in [SIZE] * crops + [local_size] * local_crops) + drawn

@@ -22,8 +22,10 @@ LEARNING_RATE_FACTORS = (1 / 3, 1.0, 3.0)
 
 def comparison_methods():
     """The methods a comparison trains: every registered method but CaCo's ablation rows
-    (variants of CaCo's loss, which read its settings)."""
-    return [name for name, cls in METHODS.items() if not cls.SETTINGS_OF]
+    (variants of CaCo's loss, which read its settings) and the methods of a ViT's tokens
+    (``CONSUMES``: the comparisons' budgets train ConvNets)."""
+    return [name for name, cls in METHODS.items()
+            if not cls.SETTINGS_OF and cls.CONSUMES == "features"]
 
 
 def search_space(method, config):

@@ -19,6 +19,13 @@ A method declares its parts; ``build_parts`` builds them, the model trains them:
 - its settings, ``SETTINGS``: the section ``method.<name>`` of a run's configuration, each
   setting the constructor argument of its name (``caco_tf.config.Setting``).
 
+A method declares what it consumes (``CONSUMES``): the pooled ``"features"`` of any backbone
+(every method of the two-view era), or a ViT's ``"tokens"`` (``caco_tf.nets.tokens``: the patch
+tokens, the encoder on the visible patches), which refuses a backbone without them in one line.
+The masks it takes with its views (``view_masks``: ``caco_tf.data.masks``' kinds) come in the
+batch after the crops, drawn per image from the views' seed; the step hands them to
+``targets`` and ``forward`` as ``masks``.
+
 A method may offer a warm-up that runs before its own steps (``WARMUP``: the bank warm-up,
 ``bank_warmup.BankWarmup``, a part it opts into as it opts into a momentum teacher), switched
 on by ``warmup_steps``.
@@ -29,7 +36,9 @@ import collections
 import tensorflow as tf
 
 from caco_tf import losses
+from caco_tf.errors import ConfigError
 from caco_tf.methods.momentum_encoder import MomentumEncoder, build_encoder
+from caco_tf.nets import tokens
 
 # What ``objective`` gives (EXACT_GRADIENT methods): the loss, its gradient with respect to the
 # outputs (their structure), and the method's diagnostics ({name: value}).
@@ -54,6 +63,7 @@ class Algorithm:
     HEADS = ()                     # the student's heads, by attribute name
     PROJECTOR = {}                 # the projector's shape (nets.backbones.build_mlp; CaCo's)
     CROPS = Crops(views=2, local=False)  # the crops it takes (``Crops``)
+    CONSUMES = "features"          # "features" (pooled, any backbone) or "tokens" (a ViT's)
     EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
     DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
     BATCH_MATRIX = None            # a D x D matrix it estimates from the batch (its name)
@@ -86,13 +96,22 @@ class Algorithm:
         return (settings or {}).get(views, cls.SETTINGS[views].default)
 
     @classmethod
+    def view_masks(cls, settings=None):
+        """The masks it takes with its views, one per kind (``caco_tf.data.masks``:
+        ``RandomMasks``, ``BlockMasks``), from its section ``settings`` (else its defaults);
+        none by default."""
+        return ()
+
+    @classmethod
     def crops_wording(cls):
         """What it takes, in words (docs/methods.md's table, its errors)."""
         views = cls.CROPS.views
-        words = f"{views} views" if isinstance(views, int) else (
+        words = f"{views} view{'s' * (views != 1)}" if isinstance(views, int) else (
             f"K equal views (method.{cls.method}.{views}, default "
             f"{cls.SETTINGS[views].default})")
-        return words + (", or 2 global crops then local crops" if cls.CROPS.local else "")
+        masks = ", ".join(type(kind).__name__ for kind in cls.view_masks())
+        return (words + (", or 2 global crops then local crops" if cls.CROPS.local else "")
+                + (f", with its masks ({masks})" if masks else ""))
 
     @classmethod
     def check_batch(cls, settings, replica_batch, embedding_dim):
@@ -104,6 +123,8 @@ class Algorithm:
     def build_parts(self, backbone, projector):
         """Build the student's embedding network, its heads, the teacher, the state and the
         warm-up, in this order: their variables' initial values follow it."""
+        if self.CONSUMES == "tokens" and not tokens.has_tokens(backbone):
+            raise ConfigError(tokens.tokens_refusal(self.method, backbone.name))
         self.backbone = backbone
         self._projector_name = projector.name  # its layer in the embedding network
         self.query_encoder = build_encoder(backbone, projector, "query_encoder")
@@ -169,15 +190,16 @@ class Algorithm:
         return {}
 
     # ------------------------------------------------------------------ what a method gives
-    def targets(self, crops, training):
+    def targets(self, crops, training, masks=()):
         """The teacher's outputs [t¹, t²] for the global crops (pre-step); None without a
-        momentum teacher."""
+        momentum teacher.  ``masks``: the batch's (``view_masks``), given only when declared."""
         if self.TEACHER != "momentum":
             return None
         return [self.key_encoder(crop, training=training) for crop in crops[:2]]
 
-    def forward(self, crops, training):
-        """The student's outputs for every crop; by default each crop's raw projection
+    def forward(self, crops, training, masks=()):
+        """The student's outputs for every crop (and the batch's ``masks``, given only to a
+        method that declares them); by default each crop's raw projection
         (``project``): the method or its loss normalizes what it needs.  A method with heads
         may give a dict per crop, its ``"projection"`` beside the heads' outputs."""
         return [self.project(crop, training) for crop in crops]
@@ -202,7 +224,8 @@ class Algorithm:
 
     def view_embeddings(self, outputs):
         """The two global crops' unit embeddings (alignment, uniformity): by default their
-        projections (``forward``'s) normalized."""
+        projections (``forward``'s) normalized; None for a method of one view (no alignment
+        to measure)."""
         return tuple(losses.l2_normalize(output["projection"] if isinstance(output, dict)
                                          else output) for output in outputs[:2])
 

@@ -95,8 +95,9 @@ class Method(Algorithm, keras.Model):
         self.preprocessing = dict(preprocessing) if preprocessing else None
         self.run_settings = run_settings
         self.multi_crop = bool(multi_crop)
-        self.views_per_image = int(self.view_count(  # its settings, as given or defaulted
-            {key: getattr(self, key) for key in self.argument_defaults()}))
+        own = {key: getattr(self, key) for key in self.argument_defaults()}
+        self.views_per_image = int(self.view_count(own))  # its settings, as given or defaulted
+        self.masks_per_image = len(self.view_masks(own))
         self.sync_batchnorm = bool(sync_batchnorm)  # the heads' BatchNorm, as the projector's
         self.warmup_steps = int(warmup_steps)
         if self.warmup_steps and self.WARMUP is None:
@@ -137,6 +138,10 @@ class Method(Algorithm, keras.Model):
         diagnostics only (evaluation: inference mode, nothing updated)."""
         hooks = phase.hooks
         crops, labels = _crops(data), _labels(data)
+        # The masks come after the crops (``view_masks``); the hooks take them by name.
+        split = len(crops) - self.masks_per_image
+        crops, masks = crops[:split], crops[split:]
+        given = {"masks": masks} if masks else {}
         if self.views_on_device is not None:
             crops = self.views_on_device.colour(crops)
         if len(crops) != self.views_per_image and not (self.CROPS.local and len(crops) > 2):
@@ -147,11 +152,11 @@ class Method(Algorithm, keras.Model):
         learning_rate = tf.cast(self.optimizer.learning_rate, tf.float32)  # this step's
 
         # 1. The teacher's targets, from the pre-step teacher.
-        targets = hooks.targets(crops, training=learn)
+        targets = hooks.targets(crops, training=learn, **given)
         # 2. The student's outputs and, differentiated by the tape, the loss.
         exact = learn and hooks.EXACT_GRADIENT
         with tf.GradientTape() as tape:
-            outputs = hooks.forward(crops, training=learn)
+            outputs = hooks.forward(crops, training=learn, **given)
             if not exact:
                 loss, diagnostics = hooks.method_loss(outputs, targets, step)
         if exact:
@@ -169,7 +174,9 @@ class Method(Algorithm, keras.Model):
         self.loss_tracker.update_state(loss)
         hooks.track_diagnostics(diagnostics)
         self.lr_tracker.update_state(learning_rate)
-        self._track_views(*hooks.view_embeddings(outputs))
+        embeddings = hooks.view_embeddings(outputs)
+        if embeddings is not None:  # one view: nothing to align
+            self._track_views(*embeddings)
         online_probe.step(self, labels, crops[0], learn)
         return self._logs()
 
