@@ -308,7 +308,8 @@ class DropPath(layers.Layer):
 @keras.saving.register_keras_serializable(package="caco_tf")
 class LayerScale(layers.Layer):
     """``x · γ``, a learned scale per channel started at ``init_value`` (CaiT's LayerScale,
-    DINOv2's ``ls1``/``ls2``: 1e-5 for training from scratch, its released weights' hub models 1)."""
+    DINOv2's ``ls1``/``ls2``: 1e-5 to train from scratch; its hub models, for its released
+    weights, 1)."""
 
     def __init__(self, width, init_value, **kwargs):
         super().__init__(**kwargs)
