@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from caco_tf import data, methods
-from caco_tf.data import augment
+from caco_tf.data import augment, masks
 from caco_tf.training import callbacks, interrupts
 from caco_tf.training.run_folder import RunFolder
 from test_distributed import _assert_close, _cpus
@@ -28,7 +28,7 @@ def _step(method, replicas=1, **tiny_arguments):
     step traces once per replica: tests/test_distributed.py compiles them); the model and
     the step's loss."""
     multi = methods.model_class(method).CROPS.local
-    batch = views(batch=4 * BATCH, local_crops=2 if multi else 0)
+    batch = views(batch=4 * BATCH, local_crops=2 if multi else 0, method=method)
     with _cpus(replicas).scope() if replicas > 1 else contextlib.nullcontext():
         model = tiny(method, sync=True, any_size=multi, run_eagerly=True, **tiny_arguments)
     history = model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0).history
@@ -62,7 +62,10 @@ def _train(method, folder, stop_after=None, **tiny_arguments):
         {"freeze_last_layer_steps": 2} if method == "dino" else {})))
     images = np.random.default_rng(0).integers(0, 256, (IMAGES, SIZE, SIZE, 1), np.uint8)
     point = RunFolder(folder).read_backup()
-    dataset = data.pretrain_dataset(images, BATCH, augment.DigitViews(), seed=0,
+    kinds = methods.model_class(method).view_masks()  # a method of masks: its view, its masks
+    views_of_run = (masks.MaskedViews(augment.DigitViews(num_views=1), kinds, (SIZE // 4,) * 2)
+                    if kinds else augment.DigitViews())
+    dataset = data.pretrain_dataset(images, BATCH, views_of_run, seed=0,
                                     first_epoch=point.epoch if point else 0,
                                     first_step=point.step if point else 0, steps_per_epoch=STEPS)
     signals = interrupts.StopSignals()

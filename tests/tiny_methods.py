@@ -86,7 +86,7 @@ def views(seed=0, batch=BATCH, crops=2, local_crops=0, local_size=8, method=None
     ViT's 3x3 grid."""
     rng = np.random.default_rng(seed)
     kinds = methods.model_class(method).view_masks() if method else ()
-    if method:
+    if kinds:  # its own count of views (else the caller's)
         crops = methods.model_class(method).view_count()
     drawn = tuple(kind.draw(tf.constant([seed, index], tf.int64), batch, SIZE // 4,
                             SIZE // 4).numpy() for index, kind in enumerate(kinds))

@@ -3,9 +3,11 @@
     caco-figures --run RUN_DIR [--out DIR] [--queries 6] [--negatives 6]
                  [--points 1000] [--max-train 20000] [--seed 0]
     caco-figures attention --run RUN_DIR --images FILE_OR_FOLDER [--out DIR] [--fraction 0.6]
+    caco-figures reconstruction --run RUN_DIR [--out DIR] [--count 8] [--seed 0]
 
 The first writes prob_acc.png, t_sne.png and query_ex.png (``caco_tf.evaluation.figures``);
-``attention`` a ViT run's self-attention maps (``caco_tf.evaluation.attention``).
+``attention`` a ViT run's self-attention maps (``caco_tf.evaluation.attention``);
+``reconstruction`` an MAE run's reconstructions (``caco_tf.evaluation.reconstruction``).
 """
 
 import os
@@ -25,7 +27,7 @@ def parse_args(argv):
                         help="training images searched for surrogates (the first N)")
     parser.add_argument("--seed", type=int, default=0)
     cli.verbose_argument(parser)
-    figures = parser.add_subparsers(dest="figure", metavar="attention")
+    figures = parser.add_subparsers(dest="figure", metavar="attention|reconstruction")
     attention = figures.add_parser(
         "attention", help="a ViT run's self-attention maps",
         description="A ViT run's self-attention maps: each head's class-token attention of the "
@@ -38,6 +40,16 @@ def parse_args(argv):
     attention.add_argument("--fraction", type=float, default=0.6,
                            help="the share of each head's attention the masks hold (DINO: 0.6)")
     cli.verbose_argument(attention)
+    reconstruction = figures.add_parser(
+        "reconstruction", help="an MAE run's reconstructions",
+        description="An MAE run's reconstructions: held-out images, the patches the encoder "
+                    "sees, and the decoder's reconstruction of the masked ones.")
+    reconstruction.add_argument("--run", required=True,
+                                help="run folder written by caco-train (method.name mae)")
+    reconstruction.add_argument("--out", help="output folder (default: RUN/figures)")
+    reconstruction.add_argument("--count", type=int, default=8, help="images shown")
+    reconstruction.add_argument("--seed", type=int, default=0, help="the masks' seed")
+    cli.verbose_argument(reconstruction)
     args = parser.parse_args(argv)
     if args.figure is None and args.run is None:
         parser.error("the following arguments are required: --run")
@@ -55,6 +67,10 @@ def main(argv=None):
             from caco_tf.evaluation.attention import attention_figures
 
             paths = attention_figures(args.run, args.images, args.out, args.fraction)
+        elif args.figure == "reconstruction":
+            from caco_tf.evaluation.reconstruction import reconstruction_figures
+
+            paths = reconstruction_figures(args.run, args.out, args.count, args.seed)
         else:
             for name in ("queries", "negatives", "points", "max_train"):
                 if getattr(args, name) <= 0:
