@@ -41,10 +41,12 @@ REFERENCE = "moco_v2"
 
 def registered_methods():
     """Every registered method (``caco_tf.methods.METHODS``) but CaCo's ablation rows, which
-    read CaCo's settings; the reference, MoCo v2, first."""
+    read CaCo's settings, and the methods of a ViT's tokens (``CONSUMES``: this measures
+    ResNet-50; MAE's step is benchmarks/mae_step.py's); the reference, MoCo v2, first."""
     from caco_tf import methods
 
-    names = [name for name, cls in methods.METHODS.items() if cls.SETTINGS_OF is None]
+    names = [name for name, cls in methods.METHODS.items()
+             if cls.SETTINGS_OF is None and cls.CONSUMES == "features"]
     return [REFERENCE] + [name for name in names if name != REFERENCE]
 R50 = ["data.source=mnist", "data.image_size=224", "data.channels=3", "data.views=imagenet",
        "model.backbone=resnet50", "model.projector_hidden=2048", "model.embedding_dim=256",

@@ -113,4 +113,4 @@ def test_method_steps_measures_every_registered_method():
     listed = load("method_steps").registered_methods()
     assert listed[0] == "moco_v2"
     assert set(listed) == {name for name, cls in methods.METHODS.items()
-                           if cls.SETTINGS_OF is None}
+                           if cls.SETTINGS_OF is None and cls.CONSUMES == "features"}

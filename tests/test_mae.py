@@ -174,3 +174,24 @@ def test_a_convnet_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsy
         tiny("mae", backbone=lambda shape: tf.keras.Sequential(
             [tf.keras.Input(shape), tf.keras.layers.GlobalAveragePooling2D()]))
 
+
+
+def test_caco_figures_draws_an_mae_runs_reconstructions_and_refuses_another_run(tmp_path,
+                                                                                capsys):
+    from caco_tf.cli import figures
+    from tiny_run import make_run, offline_digits
+
+    train_path, test_path = offline_digits(tmp_path, 64, 16)
+    run_dir, _ = make_run(tmp_path / "mae", overrides=[
+        f"data.source=npz:{train_path}", f"data.held_out=npz:{test_path}", "method.name=mae",
+        "model.backbone=vit_micro_patch4", "method.mae.decoder_width=16",
+        "method.mae.decoder_depth=1", "method.mae.decoder_heads=2"])
+    assert figures.main(["reconstruction", "--run", run_dir, "--count", "3"]) == 0
+    assert os.path.getsize(os.path.join(run_dir, "figures", "reconstruction.png")) > 0
+    capsys.readouterr()
+    other, _ = make_run(tmp_path / "caco", overrides=[
+        f"data.source=npz:{train_path}", f"data.held_out=npz:{test_path}"])
+    assert figures.main(["reconstruction", "--run", other]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: reconstructions need a run of a "
+                                                     "method that reconstructs"), errors
