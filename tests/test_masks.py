@@ -110,3 +110,23 @@ def test_the_masks_travel_with_the_views_and_resume_bit_for_bit():
         for part, again in zip(second, resumed):
             np.testing.assert_array_equal(part.numpy(), again.numpy())
         assert not np.array_equal(first[1].numpy(), second[1].numpy())
+
+
+def test_two_replicas_see_the_masks_one_device_sees():
+    """Per-image views under MirroredStrategy: each image keeps its view and its masks (drawn
+    from the image's own seed), whichever replica it goes to.  (Batch views, the digits', draw
+    from each per-replica batch's seed: their views differ on R replicas, as before masks.)"""
+    images = _digits(16)
+    masked = masks.MaskedViews(augment.SymmetricViews(28, 1, num_views=1), [
+        masks.RandomMasks(0.75),
+                                                                 masks.BlockMasks(count=2)],
+                               (7, 7))
+    one = next(iter(pipeline.pretrain_dataset(images, 8, masked, seed=3)))
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    two = next(iter(pipeline.distribute(strategy, lambda context: pipeline.pretrain_dataset(
+        images, 8, masked, seed=3, input_context=context))))
+    for whole, shared in zip(one, two):
+        local = strategy.experimental_local_results(shared)
+        assert [part.shape[0] for part in local] == [4, 4]
+        np.testing.assert_array_equal(np.concatenate([p.numpy() for p in local]),
+                                      whole.numpy())
