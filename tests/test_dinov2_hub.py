@@ -169,3 +169,19 @@ def test_dinov2_preset_settings_out_of_place_are_one_line(overrides, message, tm
         build.build_model(config, steps_per_epoch=1)
     assert "\n" not in str(error.value)
     assert re.search(message, str(error.value))
+
+
+def test_a_run_started_from_a_dinov2_preset_draws_its_attention_maps(tmp_path):
+    from PIL import Image
+
+    from caco_tf.evaluation.attention import attention_figures
+    from tiny_run import make_run
+
+    preset = _dinov2_preset(tmp_path / "preset")
+    run, _ = make_run(tmp_path / "run", overrides=TINY + [f"model.backbone=keras_hub:{preset}",
+                                                          "data.image_size=28"])
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 36, 3), np.uint8)).save(
+        tmp_path / "image.png")
+    written = attention_figures(run, str(tmp_path / "image.png"))
+    assert sorted(os.path.basename(path) for path in written) == ["attention_sheet.png",
+                                                                  "image_attention.png"]

@@ -54,13 +54,14 @@ def attention_figures(run_dir, images_path, out_dir=None, fraction=0.6):
     run = load_run(run_dir)
     config = run.config
     backbone_name = config["model"]["backbone"]
-    if not vit.is_vit(backbone_name):
+    # A KerasHub DINOV2Backbone preset (keras_hub:DIR) trains as caco_tf's ViT too.
+    if not vit.is_vit_backbone(run.model.backbone):
         raise ConfigError(f"attention maps need a ViT run (model.backbone vit_*), and "
                           f"{run_dir} trained {backbone_name}")
     files = _image_files(images_path)
     preprocessing = protocols.preprocessing_for(config, views=run.views)
     size, channels = preprocessing.image_size, preprocessing.channels
-    patch = vit.VIT_PRESETS[backbone_name].patch
+    patch = vit.vit_blocks(run.model.backbone)[0].patch
     out_dir = out_dir or os.path.join(run_dir, "figures", "attention")
     os.makedirs(out_dir, exist_ok=True)
 

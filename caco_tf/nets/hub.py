@@ -138,7 +138,7 @@ def dinov2_from_vit(backbone, image_size, channels):
         num_register_tokens=tokens.registers, use_mask_token=tokens.has_mask_token,
         image_shape=(*size, int(channels)), position_embedding_shape=(*size, int(channels)),
         antialias_in_interpolation=tokens.interpolate_antialias, data_format="channels_last",
-        name=None)
+        dtype="float32")  # float32 whatever the global policy: the weights as trained
     for ours, their_variables, to_theirs, _ in _dinov2_pairs(backbone, theirs):
         for their, value in zip(their_variables, to_theirs(np.asarray(ours))):
             their.assign(value)

@@ -43,8 +43,8 @@ from keras import layers, ops
 from caco_tf.nets.sizes import VIT_SHAPES
 
 __all__ = ["VIT_PRESETS", "ViTShape", "antialiased_cubic_resize_matrix", "build_vit",
-           "class_attention", "cubic_resize_matrix", "is_vit", "sincos_position_embedding",
-           "vit_blocks"]
+           "class_attention", "cubic_resize_matrix", "is_vit", "is_vit_backbone",
+           "sincos_position_embedding", "vit_blocks"]
 
 
 class ViTShape(NamedTuple):
@@ -458,6 +458,14 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
                              layer_scale=layer_scale, name=f"blocks_{index}")(x)
     x = layers.LayerNormalization(epsilon=1e-6, name="norm")(x)
     return keras.Model(inputs, ClassToken(name="class_token")(x), name=name)
+
+
+def is_vit_backbone(backbone):
+    """Whether ``backbone`` (a Keras model) is a ViT ``build_vit`` built: by name (``vit_*``),
+    or made from a KerasHub DINOV2Backbone preset."""
+    names = {layer.name for layer in backbone.layers}
+    return {"patch_embed", "tokens", "norm"} <= names and any(
+        isinstance(layer, TransformerBlock) for layer in backbone.layers)
 
 
 def vit_blocks(backbone):

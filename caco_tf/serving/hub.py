@@ -30,11 +30,7 @@ def is_caco_vit(backbone):
     """Whether ``backbone`` is a ViT ``nets.vit.build_vit`` built (a DINOV2Backbone can hold it)."""
     from caco_tf.nets import vit
 
-    try:
-        vit.vit_blocks(backbone)
-    except ValueError:  # get_layer: no such layer
-        return False
-    return True
+    return vit.is_vit_backbone(backbone)
 
 
 def export_preset(backbone, directory, preprocessing=None, hub_class="caco"):
