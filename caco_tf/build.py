@@ -236,9 +236,11 @@ def vit_options(model):
     """A ViT's DINOv2 options (``nets.vit.build_vit``) of the model settings, those set only."""
     options = {"layer_scale": model.layer_scale, "registers": model.registers,
                "mask_token": model.mask_token, "interpolate_offset": model.interpolate_offset,
-               "interpolate_antialias": model.interpolate_antialias}
+               "interpolate_antialias": model.interpolate_antialias,
+               "drop_path_uniform": model.drop_path_uniform}
     defaults = {"layer_scale": 0.0, "registers": 0, "mask_token": False,
-                "interpolate_offset": 0.1, "interpolate_antialias": False}
+                "interpolate_offset": 0.1, "interpolate_antialias": False,
+                "drop_path_uniform": False}
     return {key: value for key, value in options.items() if value != defaults[key]}
 
 

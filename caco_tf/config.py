@@ -303,6 +303,9 @@ CORE_SETTINGS = {
         False, boolean(), "a ViT's patch projection stays at its random initialization (MoCo "
         "v3's stop_grad_conv1, which it found stabilizes training)"),
     # DINOv2's (facebookresearch/dinov2 vision_transformer.py); their defaults leave DINO's ViT.
+    "model.drop_path_uniform": Setting(
+        False, boolean(), "every block of a ViT drops its paths at model.drop_path, not a rate "
+        "rising from 0 (DINOv2's drop_path_uniform, true in its training configurations)"),
     "model.layer_scale": Setting(
         0.0, number(0.0), "a ViT's LayerScale: each residual branch scaled per channel by a "
         "learned scale started at this value (DINOv2's layerscale, 1e-5); 0: none"),
@@ -543,6 +546,7 @@ ABSENT_MEANS_OFF = {
     ("model", "drop_path"): 0.0, ("model", "position_embedding"): "learned",
     ("model", "frozen_patch_embedding"): False, ("model", "backbone_arguments"): {},
     ("model", "layer_scale"): 0.0, ("model", "registers"): 0, ("model", "mask_token"): False,
+    ("model", "drop_path_uniform"): False,
     ("model", "position_table_size"): None, ("model", "interpolate_offset"): 0.1,
     ("model", "interpolate_antialias"): False,
     ("train", "weight_decay_end"): None, ("train", "decay_biases_and_norms"): True,
@@ -665,8 +669,8 @@ def _validate(config):
 
 #: The settings of the vit_* backbones only, at their defaults.
 VIT_SETTINGS = {"drop_path": 0.0, "position_embedding": "learned", "frozen_patch_embedding": False,
-                "layer_scale": 0.0, "registers": 0, "mask_token": False,
-                "position_table_size": None, "interpolate_offset": 0.1,
+                "drop_path_uniform": False, "layer_scale": 0.0, "registers": 0,
+                "mask_token": False, "position_table_size": None, "interpolate_offset": 0.1,
                 "interpolate_antialias": False}
 
 
@@ -689,7 +693,7 @@ def _check_vit(model):
     # the run's, the rest of its layout the preset's (nets.hub.vit_from_dinov2 says which).
     dinov2 = hub and preset_class(model["backbone"][len(HUB_PREFIX):]) == "DINOV2Backbone"
     for key, default in VIT_SETTINGS.items():
-        if dinov2 and key in ("drop_path", "mask_token"):
+        if dinov2 and key in ("drop_path", "drop_path_uniform", "mask_token"):
             continue
         if dinov2 and model[key] != default and key not in ("position_embedding",
                                                             "frozen_patch_embedding"):

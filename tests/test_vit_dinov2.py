@@ -97,7 +97,16 @@ def test_the_patch14_presets_are_dinov2s():
     assert vit.VIT_PRESETS["vit_large_patch14"] == (14, 1024, 24, 16)
 
 
+def test_uniform_stochastic_depth_drops_every_block_at_the_rate():
+    rising = vit.vit_blocks(vit.build_vit(TINY, (12, 12, 3), drop_path=0.2))[2]
+    uniform = vit.vit_blocks(vit.build_vit(TINY, (12, 12, 3), drop_path=0.2,
+                                           drop_path_uniform=True))[2]
+    assert [b.drop_path for b in rising] == [0.0, 0.2]
+    assert [b.drop_path for b in uniform] == [0.2, 0.2]
+
+
 @pytest.mark.parametrize("setting", ["model.layer_scale=1e-5", "model.registers=4",
+                                     "model.drop_path_uniform=true",
                                      "model.mask_token=true", "model.position_table_size=518",
                                      "model.interpolate_offset=0",
                                      "model.interpolate_antialias=true"])

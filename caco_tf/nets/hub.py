@@ -156,12 +156,12 @@ def vit_from_dinov2(directory, input_shape, image_size=None, drop_path=0.0, vit_
 
     The position table is the one the preset uses at its image size; other crop sizes resize it
     without DINO's offset, antialiased as the preset says (KerasHub's TensorFlow bicubic with
-    antialias is PyTorch's antialiased bicubic).  ``vit_options``: ``mask_token`` only (the
-    others are the preset's); ``drop_path``: the run's."""
+    antialias is PyTorch's antialiased bicubic).  ``vit_options``: ``mask_token`` and
+    ``drop_path_uniform`` only (the others are the preset's); ``drop_path``: the run's."""
     theirs = load_preset(directory)
     config = theirs.get_config()
     options = dict(vit_options or {})
-    fixed = sorted(set(options) - {"mask_token"})
+    fixed = sorted(set(options) - {"mask_token", "drop_path_uniform"})
     if fixed:
         raise ConfigError(f"model.{fixed[0]} is the DINOV2Backbone preset's own "
                           f"({PREFIX}{directory}): remove it")
@@ -189,7 +189,8 @@ def vit_from_dinov2(directory, input_shape, image_size=None, drop_path=0.0, vit_
         layer_scale=config["layer_scale_init_value"] or 1.0,
         registers=config["num_register_tokens"],
         mask_token=bool(options.get("mask_token", config["use_mask_token"])),
-        interpolate_offset=0.0, interpolate_antialias=config["antialias_in_interpolation"])
+        interpolate_offset=0.0, interpolate_antialias=config["antialias_in_interpolation"],
+        drop_path_uniform=bool(options.get("drop_path_uniform", False)))
     vit.vit_blocks(ours)[1].pos_embed.assign(
         np.asarray(theirs.embeddings.interpolated_position_embeddings))
     for variable, their_variables, _, to_ours in _dinov2_pairs(ours, theirs):

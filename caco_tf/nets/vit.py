@@ -425,7 +425,8 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
               positions: str = "learned", frozen_patch_embedding: bool = False,
               layer_scale: float = 0.0, registers: int = 0, mask_token: bool = False,
               interpolate_offset: float = DINO_SCALE_OFFSET,
-              interpolate_antialias: bool = False) -> keras.Model:
+              interpolate_antialias: bool = False,
+              drop_path_uniform: bool = False) -> keras.Model:
     """The ViT ``name`` (``VIT_PRESETS``, or a ``ViTShape``) on images ``input_shape``, its
     features the class token's.
 
@@ -435,7 +436,8 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
     ``frozen_patch_embedding``: MoCo v3's random patch projection, never trained
     (``stop_grad_conv1``).  ``layer_scale``, ``registers``, ``mask_token``,
     ``interpolate_offset``, ``interpolate_antialias``: DINOv2's (``TransformerBlock``,
-    ``Tokens``); their defaults leave DINO's ViT.
+    ``Tokens``); ``drop_path_uniform``: every block at the ``drop_path`` rate (DINOv2's
+    ``drop_path_uniform``); their defaults leave DINO's ViT.
     """
     shape, name = (name, "vit") if isinstance(name, ViTShape) else (VIT_PRESETS[name], name)
     height, width, _ = input_shape
@@ -453,6 +455,8 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
                interpolate_offset=interpolate_offset, interpolate_antialias=interpolate_antialias,
                name="tokens")(patch_embed(inputs))
     rates = np.linspace(0.0, float(drop_path), shape.depth)  # DINO's dpr
+    if drop_path_uniform:  # DINOv2's drop_path_uniform
+        rates = np.full(shape.depth, float(drop_path))
     for index in range(shape.depth):
         x = TransformerBlock(shape.width, shape.heads, drop_path=float(rates[index]),
                              layer_scale=layer_scale, name=f"blocks_{index}")(x)
