@@ -95,6 +95,11 @@ def test_the_patch14_presets_are_dinov2s():
     assert vit.VIT_PRESETS["vit_small_patch14"] == (14, 384, 12, 6)
     assert vit.VIT_PRESETS["vit_base_patch14"] == (14, 768, 12, 12)
     assert vit.VIT_PRESETS["vit_large_patch14"] == (14, 1024, 24, 16)
+    # DINOv2's ViT-S/14 as released (518 px table, LayerScale, mask token): KerasHub's
+    # dinov2_small counts 22,582,656, which holds a second 1,370 x 384 table (its resized one).
+    small = vit.build_vit("vit_small_patch14", (224, 224, 3), image_size=518, layer_scale=1e-5,
+                          mask_token=True)
+    assert sum(int(np.prod(w.shape)) for w in small.trainable_weights) == 22_582_656 - 1370 * 384
 
 
 def test_uniform_stochastic_depth_drops_every_block_at_the_rate():
