@@ -185,3 +185,32 @@ def test_a_run_started_from_a_dinov2_preset_draws_its_attention_maps(tmp_path):
     written = attention_figures(run, str(tmp_path / "image.png"))
     assert sorted(os.path.basename(path) for path in written) == ["attention_sheet.png",
                                                                   "image_attention.png"]
+
+
+def test_a_vit_asked_for_caco_tfs_own_preset_class_gets_it(tmp_path):
+    status, preset, model, _ = _exported_run(tmp_path / "run", MICRO,
+                                             "--keras-hub-class", "caco")
+    assert status == 0
+    loaded = keras_hub.models.Backbone.from_preset(preset)
+    assert type(loaded).__name__ == "CacoBackbone"
+    images = _images()
+    np.testing.assert_allclose(np.asarray(loaded(images)).reshape(3, -1),
+                               np.asarray(model.backbone(images)), atol=1e-5)
+
+
+def test_a_dinov2_preset_whose_features_differ_is_not_written(tmp_path, capsys, monkeypatch):
+    from caco_tf.nets import hub
+
+    mapped = hub.dinov2_from_vit
+
+    def off_by_a_bias(backbone, image_size, channels):  # a mapping that missed a weight
+        theirs = mapped(backbone, image_size, channels)
+        theirs.layernorm.beta.assign(np.asarray(theirs.layernorm.beta) + 1e-3)
+        return theirs
+    monkeypatch.setattr(hub, "dinov2_from_vit", off_by_a_bias)
+    status, preset, _, _ = _exported_run(tmp_path / "run", MICRO)
+    assert status != 0 and not os.path.exists(preset)
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and re.search(
+        r"error: the DINOV2Backbone's features differ from the ViT's by \S+ \(relative\), above "
+        r"1e-05: --keras-hub-class caco", error), error
