@@ -290,3 +290,34 @@ def w_mse_views_loss(views, group_size, epsilon=0.0):
     pairs = [(i, j) for i in range(len(white)) for j in range(i + 1, len(white))]
     return tf.add_n([tf.reduce_mean(2.0 - 2.0 * tf.reduce_sum(white[i] * white[j], axis=-1))
                      for i, j in pairs]) / len(pairs)
+
+
+def koleo_loss(embeddings, epsilon=1e-8):
+    """DINOv2's KoLeo regularizer, a scalar (the Kozachenko-Leonenko entropy estimate of
+    Sablayrolles et al. 2019): -mean_i log(‖x_i - x_nn(i)‖ + ε) over the L2-normalized rows x
+    of ``embeddings`` [N, D], nn(i) the other row of largest inner product (dinov2/loss/
+    koleo_loss.py, per replica as there).  It pushes each row away from its nearest one."""
+    x = l2_normalize(tf.cast(embeddings, tf.float32))
+    dots = tf.linalg.set_diag(tf.matmul(x, x, transpose_b=True),
+                              -tf.ones([tf.shape(x)[0]]))  # never one's own neighbour
+    # The neighbour is chosen without gradient (an argmax); the distance carries it.
+    neighbours = tf.gather(x, tf.argmax(tf.stop_gradient(dots), axis=1))
+    # PyTorch's PairwiseDistance adds its ε to the difference before the norm.
+    distances = tf.norm(x - neighbours + epsilon, axis=-1)
+    return -tf.reduce_mean(tf.math.log(distances + epsilon))
+
+
+def ibot_patch_loss(teacher_probabilities, student_logits, masks, student_temperature):
+    """iBOT's masked-patch loss as DINOv2 weighs it, a scalar: per image, the mean over its
+    masked patches of -Σ_k P_t(k) log softmax(s/τ_s)_k; then the mean over every image of the
+    batch, one with no masked patch counting 0 (dinov2/loss/ibot_patch_loss.py
+    ``forward_masked``).  ``teacher_probabilities``, ``student_logits``: [B, N, K] (the
+    patches' head outputs); ``masks``: [B, N], True where the student's patch was masked."""
+    log_students = tf.nn.log_softmax(tf.cast(student_logits, tf.float32) / student_temperature,
+                                     axis=-1)
+    teacher = tf.stop_gradient(tf.cast(teacher_probabilities, tf.float32))
+    cross = -tf.reduce_sum(teacher * log_students, axis=-1)
+    masks = tf.cast(masks, tf.float32)
+    per_image = tf.reduce_sum(cross * masks, axis=-1) / tf.maximum(
+        tf.reduce_sum(masks, axis=-1), 1.0)
+    return tf.reduce_mean(per_image)
