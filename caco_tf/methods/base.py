@@ -138,10 +138,9 @@ class Method(Algorithm, keras.Model):
         diagnostics only (evaluation: inference mode, nothing updated)."""
         hooks = phase.hooks
         crops, labels = _crops(data), _labels(data)
-        # The masks come after the crops (``view_masks``); the hooks take them by name.
-        split = len(crops) - self.masks_per_image
+        split = len(crops) - self.masks_per_image  # the masks come after the crops
         crops, masks = crops[:split], crops[split:]
-        given = {"masks": masks} if masks else {}
+        given = {"masks": masks} if masks else {}  # only a method that declares them
         if self.views_on_device is not None:
             crops = self.views_on_device.colour(crops)
         if len(crops) != self.views_per_image and not (self.CROPS.local and len(crops) > 2):
