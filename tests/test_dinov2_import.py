@@ -170,3 +170,21 @@ def test_a_dinov2_tensor_missing_unexpected_or_misshapen_is_one_line(change, mes
     assert "\n" not in error
     assert __import__("re").search(message, error), error
     assert not os.path.exists(os.path.join(run, "checkpoints"))
+
+
+def test_a_dinov2_file_is_a_starting_point_through_its_dinov2backbone_preset(tmp_path, capsys):
+    """docs/vit.md's way to continue DINOv2's pre-training: import, export as KerasHub's
+    DINOV2Backbone, start from keras_hub:DIR; the same features all along."""
+    pytest.importorskip("keras_hub", reason="the hub extra is absent: pip install -e '.[hub]'")
+    from caco_tf.cli import export
+    from caco_tf.nets import backbones
+
+    model = _randomize(DinoV2ViT(registers=4, offset=0.0, antialias=True)).eval()
+    status, run = _import(model.state_dict(), tmp_path, "run")
+    assert status == 0 and export.main(["--run", run, "--format", "keras-hub"]) == 0
+    start = backbones.build_backbone(f"keras_hub:{run}/keras_hub_preset", (32, 32, 3))
+    images = np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype("float32")
+    with torch.no_grad():
+        expected = model(torch.tensor(images)).numpy()
+    got = np.asarray(start(images.transpose(0, 2, 3, 1)))
+    assert float(np.abs(got - expected).max() / np.abs(expected).max()) <= 1e-4
