@@ -12,8 +12,9 @@ _RESNET_STAGES = [(3, 2, 1)] * 3             # the first 3x3 conv of stages 2, 3
 
 #: The Vision Transformers ``nets.vit`` builds: name -> (patch, width, blocks, heads).  tiny,
 #: small and base as DeiT's and DINO's; the patch14 ones as DINOv2's ViT-S/14, B/14 and L/14
-#: (its vision_transformer.py: vit_small, vit_base, vit_large); micro_patch4 for 28-32 px images
-#: on a CPU (7x7 or 8x8 patches, 4 blocks of width 96).
+#: (its vision_transformer.py: vit_small, vit_base, vit_large), huge_patch14 as I-JEPA's
+#: ViT-H/14 (facebookresearch/ijepa's vit_huge); micro_patch4 for 28-32 px images on a CPU
+#: (7x7 or 8x8 patches, 4 blocks of width 96).
 VIT_SHAPES = {
     "vit_tiny_patch16": (16, 192, 12, 3),
     "vit_small_patch16": (16, 384, 12, 6),
@@ -23,6 +24,7 @@ VIT_SHAPES = {
     "vit_small_patch14": (14, 384, 12, 6),
     "vit_base_patch14": (14, 768, 12, 12),
     "vit_large_patch14": (14, 1024, 24, 16),
+    "vit_huge_patch14": (14, 1280, 32, 16),
     "vit_micro_patch4": (4, 96, 4, 3),
 }
 

@@ -1,0 +1,201 @@
+"""I-JEPA (caco_tf.methods.ijepa): its loss against NumPy, its masks (targets on the grid,
+the context disjoint from them, the counts declared, a function of the seed), attention to the
+context only, one step against the closed form with every trainable part moving and the target
+encoder following by EMA only, the features the average of the patch tokens without a class
+token, a tiny fit on the digits through the pipeline, its known collapse, and the refusal of a
+ConvNet in one line."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from caco_tf import build, data
+from caco_tf.config import load_config
+from caco_tf.methods import ijepa
+from tiny_methods import BATCH, SIZE, tiny
+
+
+def np_ijepa_loss(predictions, targets, valid, loss):
+    difference = np.abs(predictions - targets)
+    per_element = (np.where(difference < 1, 0.5 * difference ** 2, difference - 0.5)
+                   if loss == "smooth_l1" else difference ** 2)
+    return (per_element.mean(-1) * valid).sum() / valid.sum()
+
+
+@pytest.mark.parametrize("loss", ["smooth_l1", "l2"])
+def test_the_loss_is_the_mean_over_the_target_slots(loss):
+    rng = np.random.default_rng(0)
+    predictions, targets = (rng.normal(size=(2, 4, 5, 6)).astype("float32") * 2
+                            for _ in range(2))
+    valid = (rng.random((2, 4, 5)) < 0.8).astype("float32")
+    np.testing.assert_allclose(ijepa.ijepa_loss(predictions, targets, valid, loss),
+                               np_ijepa_loss(predictions, targets, valid, loss), rtol=1e-5)
+    # Every slot valid: train.py's F.smooth_l1_loss, the mean over every element.
+    full = np.ones_like(valid)
+    d = np.abs(predictions - targets)
+    if loss == "smooth_l1":
+        np.testing.assert_allclose(ijepa.ijepa_loss(predictions, targets, full, loss),
+                                   np.where(d < 1, 0.5 * d * d, d - 0.5).mean(), rtol=1e-5)
+
+
+def draw(kind, seed=(0, 1), batch=64, side=14):
+    return kind.draw(tf.constant(seed, tf.int64), batch, side, side).numpy()
+
+
+def test_the_masks_context_minus_targets_as_declared_and_seeded():
+    kind = ijepa.ContextAndTargetBlocks()  # I-JEPA's: 4 targets of 15-20 %, context 85-100 %
+    masks = draw(kind)
+    assert masks.shape == (64, 5, 14, 14) and kind.shape(14, 14) == [5, 14, 14]
+    context, targets = ~masks[:, 0], masks[:, 1:]
+    cells = 14 * 14
+    for image in range(64):
+        for block in targets[image]:
+            rows, cols = np.nonzero(block)
+            # A rectangle on the grid of its declared area (its sides rounded).
+            height, width = rows.max() - rows.min() + 1, cols.max() - cols.min() + 1
+            assert block.sum() == height * width
+            assert 0.15 * cells - height - width <= block.sum() <= 0.2 * cells + height + width
+        assert not (context[image] & targets[image].any(0)).any()  # allow_overlap=False
+        assert context[image].sum() > kind.min_context
+    np.testing.assert_array_equal(draw(kind), masks)
+    assert (draw(kind, seed=(0, 2)) != masks).any()
+    # The largest block bounds the predictor's slots.
+    slots = ijepa.largest_block(14, 14, kind.scale, kind.aspect)
+    assert targets.reshape(64, 4, -1).sum(-1).max() <= slots
+
+
+def test_a_context_too_small_is_placed_again_then_relaxed():
+    kind = ijepa.ContextAndTargetBlocks(min_context=10)
+    masks = draw(kind, batch=256, side=7)  # the digits' 7x7 grid
+    context, taken = ~masks[:, 0], masks[:, 1:].any(1)
+    sizes = context.sum((1, 2))
+    assert (sizes > 10).all()
+    # Most contexts keep clear of every target; the rest drop the last target's constraint.
+    assert (~(context & taken).any((1, 2))).mean() > 0.5
+
+
+def test_attention_to_the_marked_tokens_only_is_the_block_on_them_alone():
+    model = tiny("ijepa")
+    block = [layer for layer in model.backbone.layers if layer.name == "blocks_0"][0]
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(2, 9, 96)).astype("float32"))
+    everyone = tf.ones([2, 9], tf.bool)
+    np.testing.assert_allclose(ijepa.keyed_block(block, x, everyone), block(x), atol=1e-5)
+    keys = tf.constant([[True] * 5 + [False] * 4] * 2)
+    np.testing.assert_allclose(ijepa.keyed_block(block, x, keys)[:, :5], block(x[:, :5]),
+                               atol=1e-5)
+
+
+def images_and_masks(model, seed=0):
+    rng = np.random.default_rng(seed)
+    image = rng.normal(size=(BATCH, SIZE, SIZE, 1)).astype("float32")
+    mask = model.mask_kind.draw(tf.constant([seed, 7], tf.int64), BATCH, 3, 3)
+    return image, mask
+
+
+def test_one_step_is_the_closed_form_every_part_moves_and_the_target_encoder_follows():
+    import keras
+
+    # Adam: at initialization the encoder's LayerNorm scales get gradients of ~1e-7 (through
+    # the predictor's 0.02-std Linears), which SGD's step leaves below float32's resolution.
+    model = tiny("ijepa", key_momentum=0.9, optimizer=lambda: keras.optimizers.Adam(1e-3))
+    image, mask = images_and_masks(model)
+    targets = model.targets((image,), training=True, masks=(mask,))
+    # The targets: the target encoder's patch tokens, layer-normed without affine, gathered.
+    whole = ijepa.encode_patches(model.target_backbone, image).numpy()
+    normed = (whole - whole.mean(-1, keepdims=True)) / np.sqrt(whole.var(-1, keepdims=True) + 1e-5)
+    index, valid = (t.numpy() for t in model._targets_of(mask))
+    np.testing.assert_allclose(targets["tokens"], np.take_along_axis(
+        normed[:, None], index[..., None], axis=2), atol=1e-4)
+    (out,) = model.forward((image,), training=True, masks=(mask,))
+    expected = np_ijepa_loss(out["predictions"].numpy(), targets["tokens"].numpy(), valid,
+                             "smooth_l1")
+    student = [v.numpy() for v in model.student_variables]
+    teacher = [v.numpy() for v in model.key_encoder.trainable_variables]
+    # Every trainable variable is the student's or the target encoder's: the projector and
+    # the class token are frozen (I-JEPA trains neither).
+    assert len(student) + len(teacher) == len(model.trainable_variables)
+    assert "cls_token" not in {v.name for v in model.trainable_variables}
+    history = model.fit(tf.data.Dataset.from_tensors((image, mask)), epochs=1,
+                        verbose=0).history
+    assert history["loss"][0] == pytest.approx(expected, rel=1e-4)
+    still = [v.path for v, old in zip(model.student_variables, student)
+             if np.abs(v.numpy() - old).max() == 0]
+    assert still == []
+    # The target encoder only by EMA: 0.9 of itself and 0.1 of the student after the step.
+    followed = model.query_encoder.trainable_variables
+    assert len(followed) == len(teacher)
+    for variable, old, new in zip(model.key_encoder.trainable_variables, teacher, followed):
+        np.testing.assert_allclose(variable.numpy(), 0.9 * old + 0.1 * new.numpy(), atol=1e-6)
+
+
+def test_the_features_are_the_patch_tokens_average_without_a_class_token():
+    model = tiny("ijepa")
+    image, _ = images_and_masks(model)
+    features = model.backbone(image).numpy()
+    np.testing.assert_allclose(
+        features, ijepa.encode_patches(model.backbone, image).numpy().mean(1), atol=1e-5)
+    cls = model.backbone.get_layer("tokens").cls_token
+    cls.assign(cls + 5.0)
+    np.testing.assert_allclose(model.backbone(image), features, atol=1e-6)
+
+
+def test_a_saved_model_loads_with_its_features(tmp_path):
+    import keras
+
+    model = tiny("ijepa")
+    image, _ = images_and_masks(model)
+    path = str(tmp_path / "ijepa.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.backbone.layers[-1], ijepa.PatchMean)
+    np.testing.assert_allclose(loaded.backbone(image), model.backbone(image), atol=1e-6)
+    assert len(loaded.student_variables) == len(model.student_variables)
+
+
+def test_its_known_collapse_is_constant_target_tokens():
+    from caco_tf.training.callbacks import EpochCount
+
+    model = tiny("ijepa")
+    epoch = EpochCount(5, 0, 10)
+    assert "target encoder's tokens are constant" in model.collapse({"target_std": 0.005}, epoch)
+    assert model.collapse({"target_std": 0.092}, epoch) is None  # the digits at start
+    assert not model.judged(EpochCount(2, 0, 10)) and model.judged(epoch)
+
+
+def test_a_tiny_fit_on_the_digits_through_the_pipeline():
+    """The offline recipe at tiny sizes: the masks come with the view, the loss is finite and
+    the target tokens are far from constant."""
+    import keras
+
+    config = load_config("mnist_ijepa", [
+        "method.ijepa.predictor_width=16", "method.ijepa.predictor_depth=1",
+        "method.ijepa.predictor_heads=2", "train.batch_size=16", "train.epochs=2",
+        "train.jit_compile=false", "train.steps_per_execution=1", "train.learning_rate=3e-3",
+        "train.lr_warmup_epochs=0"])
+    keras.utils.set_random_seed(0)
+    images = data.load_offline_mnist()["train"][0][:64]
+    views_of_run = build.run_views(config)
+    model = build.build_model(config, steps_per_epoch=4, views=views_of_run)
+    stream = data.pretrain_dataset(images, 16, views_of_run, steps_per_epoch=4)
+    image, mask = next(iter(stream))
+    assert image.shape == (16, 28, 28, 1) and mask.shape == (16, 5, 7, 7)
+    history = model.fit(stream, epochs=2, steps_per_epoch=4, verbose=0).history
+    assert np.isfinite(history["loss"]).all()
+    assert min(history["target_std"]) > 5 * ijepa.COLLAPSED_TARGET_STD
+    assert model.backbone(image).shape == (16, 96)
+
+
+def test_a_convnet_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
+    from caco_tf.cli import train
+
+    run_dir = tmp_path / "run"
+    code = train.main(["--set", "method.name=ijepa", "--run-dir", str(run_dir)])
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(errors) == 1, errors
+    assert errors[0].startswith("error: method ijepa works on a Vision Transformer's patch "
+                                "tokens, and model.backbone small_convnet gives none")
+    assert not run_dir.exists()
+    with pytest.raises(ValueError, match="method ijepa works on a Vision Transformer"):
+        tiny("ijepa", backbone=lambda shape: tf.keras.Sequential(
+            [tf.keras.Input(shape), tf.keras.layers.GlobalAveragePooling2D()]))
