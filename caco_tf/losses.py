@@ -158,7 +158,7 @@ def nearest_neighbours(embeddings, support_unit):
 
 
 def sinkhorn(scores, epsilon, iterations, global_sum=_identity, fixed_scores=None,
-             fixed_in_use=True):
+             fixed_in_use=True, rows_in_use=None):
     """SwAV's codes for ``scores`` [N, K] (prototype scores of this replica's rows of the
     global batch): the equipartitioned transport plan of Sinkhorn-Knopp, [N, K], each row a
     distribution over the K prototypes (facebookresearch/swav main_swav.py
@@ -168,16 +168,21 @@ def sinkhorn(scores, epsilon, iterations, global_sum=_identity, fixed_scores=Non
     prototype's row scaled to mass 1/K, every sample's column to mass 1/B; returned ×B.
     ``fixed_scores`` [M, K]: rows that every replica holds alike (SwAV's queue), counted once
     among the B columns when ``fixed_in_use`` (a boolean tensor); their codes are not
-    returned.  No gradient.
+    returned.  ``rows_in_use`` [N] (0 or 1): only these rows are columns of the plan, the others'
+    codes are 0 (DINOv2's Sinkhorn-Knopp over the masked patches alone).  No gradient.
     """
     scores = tf.stop_gradient(tf.cast(scores, tf.float32))
     plan = tf.exp(scores / epsilon)
+    if rows_in_use is not None:  # a fixed shape, the rows out of use weighing 0
+        plan = plan * tf.cast(rows_in_use, tf.float32)[:, None]
     if fixed_scores is None:
         fixed, in_use = tf.zeros([0, tf.shape(scores)[1]]), 0.0
     else:  # fixed rows out of use weigh 0 (a shape that does not change: XLA needs it)
         in_use = tf.cast(fixed_in_use, tf.float32)
         fixed = tf.exp(tf.stop_gradient(tf.cast(fixed_scores, tf.float32)) / epsilon) * in_use
-    columns = global_sum(tf.cast(tf.shape(plan)[0], tf.float32)) + in_use * tf.cast(
+    own = (tf.cast(tf.shape(plan)[0], tf.float32) if rows_in_use is None
+           else tf.reduce_sum(tf.cast(rows_in_use, tf.float32)))
+    columns = global_sum(own) + in_use * tf.cast(
         tf.shape(fixed)[0], tf.float32)
     prototypes = tf.cast(tf.shape(plan)[1], tf.float32)
     total = global_sum(tf.reduce_sum(plan)) + tf.reduce_sum(fixed)
@@ -185,7 +190,7 @@ def sinkhorn(scores, epsilon, iterations, global_sum=_identity, fixed_scores=Non
     for _ in range(int(iterations)):
         rows = global_sum(tf.reduce_sum(plan, axis=0)) + tf.reduce_sum(fixed, axis=0)
         plan, fixed = plan / rows / prototypes, fixed / rows / prototypes
-        plan = plan / tf.reduce_sum(plan, axis=1, keepdims=True) / columns
+        plan = tf.math.divide_no_nan(plan, tf.reduce_sum(plan, axis=1, keepdims=True)) / columns
         fixed = fixed / tf.maximum(tf.reduce_sum(fixed, axis=1, keepdims=True), 1e-30) / columns
     return plan * columns
 
@@ -292,16 +297,19 @@ def w_mse_views_loss(views, group_size, epsilon=0.0):
                      for i, j in pairs]) / len(pairs)
 
 
-def koleo_loss(embeddings, epsilon=1e-8):
+def koleo_loss(embeddings, epsilon=1e-8, candidates=None, offset=0):
     """DINOv2's KoLeo regularizer, a scalar (the Kozachenko-Leonenko entropy estimate of
     Sablayrolles et al. 2019): -mean_i log(‖x_i - x_nn(i)‖ + ε) over the L2-normalized rows x
     of ``embeddings`` [N, D], nn(i) the other row of largest inner product (dinov2/loss/
-    koleo_loss.py, per replica as there).  It pushes each row away from its nearest one."""
+    koleo_loss.py, per replica as there).  It pushes each row away from its nearest one.
+    ``candidates`` [M, D]: where the neighbours are searched (the gathered global batch), row i
+    of ``embeddings`` being its row ``offset + i``; by default ``embeddings`` themselves."""
     x = l2_normalize(tf.cast(embeddings, tf.float32))
-    dots = tf.linalg.set_diag(tf.matmul(x, x, transpose_b=True),
-                              -tf.ones([tf.shape(x)[0]]))  # never one's own neighbour
+    pool = x if candidates is None else l2_normalize(tf.cast(candidates, tf.float32))
+    own = tf.one_hot(offset + tf.range(tf.shape(x)[0]), tf.shape(pool)[0])
+    dots = tf.where(own > 0, -1.0, tf.matmul(x, pool, transpose_b=True))  # never oneself
     # The neighbour is chosen without gradient (an argmax); the distance carries it.
-    neighbours = tf.gather(x, tf.argmax(tf.stop_gradient(dots), axis=1))
+    neighbours = tf.gather(pool, tf.argmax(tf.stop_gradient(dots), axis=1))
     # PyTorch's PairwiseDistance adds its ε to the difference before the norm.
     distances = tf.norm(x - neighbours + epsilon, axis=-1)
     return -tf.reduce_mean(tf.math.log(distances + epsilon))

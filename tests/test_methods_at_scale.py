@@ -63,7 +63,8 @@ def _train(method, folder, stop_after=None, **tiny_arguments):
     images = np.random.default_rng(0).integers(0, 256, (IMAGES, SIZE, SIZE, 1), np.uint8)
     point = RunFolder(folder).read_backup()
     kinds = methods.model_class(method).view_masks()  # a method of masks: its view, its masks
-    views_of_run = (masks.MaskedViews(augment.DigitViews(num_views=1), kinds, (SIZE // 4,) * 2)
+    views_of_run = (masks.MaskedViews(augment.DigitViews(
+        num_views=methods.model_class(method).view_count()), kinds, (SIZE // 4,) * 2)
                     if kinds else augment.DigitViews())
     dataset = data.pretrain_dataset(images, BATCH, views_of_run, seed=0,
                                     first_epoch=point.epoch if point else 0,

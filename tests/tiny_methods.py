@@ -38,8 +38,12 @@ TOKEN_OVERRIDES = ["model.backbone=vit_micro_patch4"]
 
 
 def overrides(method):
-    """The configuration overrides a tiny run of ``method`` needs beyond ``CONFIG_OVERRIDES``."""
-    return TOKEN_OVERRIDES if methods.model_class(method).CONSUMES == "tokens" else []
+    """The configuration overrides a tiny run of ``method`` needs beyond ``CONFIG_OVERRIDES``
+    (a ViT with the options it declares, ``VIT_OPTIONS``: DINOv2's mask token)."""
+    cls = methods.model_class(method)
+    options = [f"model.{key}={str(value).lower()}"
+               for key, value in getattr(cls, "VIT_OPTIONS", {}).items()]
+    return TOKEN_OVERRIDES + options if cls.CONSUMES == "tokens" else []
 
 
 # The fast tier (pytest -m "not slow") runs the per-method tests of one method of each family:
@@ -62,7 +66,8 @@ def tiny(method, warmup_steps=0, sync=False, any_size=False, steps_per_execution
     shape = (None, None, 1) if any_size else (SIZE, SIZE, 1)
     cls = methods.model_class(method)
     if backbone is None and cls.CONSUMES == "tokens":  # 3x3 patches of 4 px
-        backbone = lambda shape: vit.build_vit("vit_micro_patch4", shape, image_size=SIZE)  # noqa: E731
+        backbone = lambda shape: vit.build_vit(  # noqa: E731
+            "vit_micro_patch4", shape, image_size=SIZE, **getattr(cls, "VIT_OPTIONS", {}))
     backbone = backbone(shape) if backbone else keras.Sequential([
         keras.Input(shape),
         keras.layers.Conv2D(4, 3, strides=2, use_bias=False),

@@ -44,14 +44,23 @@ def patch_side(backbone):
     return int(backbone.get_layer("patch_embed").patch)
 
 
-def embedded(backbone, images):
+def embedded(backbone, images, masks=None):
     """(the token sequence with its position embeddings [B, prefix + rows·cols, D], rows,
-    cols): the input of the first block."""
+    cols): the input of the first block.  ``masks``: ``[B, rows, cols]`` booleans, True where
+    the ViT's mask token replaces the patch before its position (iBOT's student input)."""
     patch_embed, tokens_layer, _, _ = vit.vit_blocks(backbone)
     grid = patch_embed(images)
     rows, cols = (grid.shape[axis] if grid.shape[axis] is not None else tf.shape(grid)[axis]
                   for axis in (1, 2))  # static for fixed-size images (MAE's)
-    return tokens_layer(grid), rows, cols
+    if masks is None:
+        return tokens_layer(grid), rows, cols
+    flat = tf.reshape(masks, [tf.shape(masks)[0], -1])
+    return tokens_layer(grid, flat), rows, cols
+
+
+def has_mask_token(backbone):
+    """Whether the ViT has a mask token (``build_vit(mask_token=True)``, DINOv2's)."""
+    return bool(getattr(backbone.get_layer("tokens"), "has_mask_token", False))
 
 
 def _blocks_and_norm(backbone, sequence, training):
@@ -61,10 +70,11 @@ def _blocks_and_norm(backbone, sequence, training):
     return norm(sequence)
 
 
-def encode(backbone, images, training=False):
+def encode(backbone, images, training=False, masks=None):
     """Every token of ``images`` after the final norm (``EncodedTokens``); its class token is
-    the backbone's features."""
-    sequence, rows, cols = embedded(backbone, images)
+    the backbone's features.  ``masks`` (``[B, rows, cols]``, True where masked): those patches
+    enter as the ViT's mask token (``embedded``)."""
+    sequence, rows, cols = embedded(backbone, images, masks)
     prefix = prefix_count(backbone)
     out = _blocks_and_norm(backbone, sequence, training)
     return EncodedTokens(out[:, 0], out[:, 1:prefix],
@@ -115,6 +125,6 @@ def tokens_refusal(method, backbone_name):
             f"vit_micro_patch4 on the digits, vit_base_patch16 on ImageNet; docs/vit.md)")
 
 
-__all__ = ["EncodedTokens", "embedded", "encode", "encode_visible", "has_tokens",
-           "patch_side", "patchify", "prefix_count", "tokens_refusal", "unpatchify",
+__all__ = ["EncodedTokens", "embedded", "encode", "encode_visible", "has_mask_token",
+           "has_tokens", "patch_side", "patchify", "prefix_count", "tokens_refusal", "unpatchify",
            "visible_indices"]
