@@ -12,6 +12,7 @@ from caco_tf.methods.base import Crops, Method
 from caco_tf.methods.mae import mae_sincos_positions
 from caco_tf.nets import tokens, vit
 from caco_tf.settings import Setting, choice, integer, number, span
+from caco_tf.training import distribute
 
 # The standard deviation across images of the layer-normed target tokens, per patch and
 # dimension, averaged: at or below it the target encoder gives every image the same tokens
@@ -28,14 +29,17 @@ def ijepa_loss(predictions, targets, valid, loss="smooth_l1"):
     """I-JEPA's loss (train.py ``loss_fn``: ``F.smooth_l1_loss(z, h)``, β = 1, the mean over every
     predicted token's every dimension; ``"l2"``: the paper's squared distance, the same mean):
     ``predictions``, ``targets`` ``[..., T, D]``, ``valid`` ``[..., T]`` 1 for a slot that holds
-    a target patch (a block smaller than its slots leaves the rest out)."""
+    a target patch (a block smaller than its slots leaves the rest out); the mean over the
+    global batch's target patches."""
     difference = tf.abs(predictions - targets)
     if loss == "smooth_l1":
         per_element = tf.where(difference < 1.0, 0.5 * tf.square(difference), difference - 0.5)
     else:
         per_element = tf.square(difference)
     per_token = tf.reduce_mean(per_element, axis=-1)
-    return tf.reduce_sum(per_token * valid) / tf.maximum(tf.reduce_sum(valid), 1.0)
+    # Over the global batch: each replica's loss alike, so R replicas take one device's step.
+    count = tf.stop_gradient(distribute.global_sum(tf.reduce_sum(valid)))
+    return distribute.global_sum(tf.reduce_sum(per_token * valid)) / tf.maximum(count, 1.0)
 
 
 def context_and_target_masks(seed, batch, rows, cols, count, scale, aspect, context_scale,
@@ -185,6 +189,15 @@ def patch_mean_backbone(backbone):
     for block in blocks:
         x = block(x)
     return keras.Model(inputs, PatchMean(name="patch_mean")(norm(x)), name=backbone.name)
+
+
+def _spread_across_images(whole):
+    """The standard deviation over the global batch's images of ``whole`` ``[B, L, D]``, per
+    patch and dimension, averaged."""
+    count = tf.shape(whole)[0]
+    mean = distribute.global_mean(tf.reduce_mean(whole, axis=0), count)
+    square = distribute.global_mean(tf.reduce_mean(tf.square(whole), axis=0), count)
+    return tf.reduce_mean(tf.sqrt(tf.maximum(square - tf.square(mean), 0.0)))
 
 
 def _freeze_unused_tokens(backbone):
@@ -375,7 +388,7 @@ class IJEPA(Method):
         index, valid = self._targets_of(mask)
         return {"tokens": tf.stop_gradient(tf.gather(whole, index, batch_dims=1)),
                 "valid": valid,
-                "std": tf.reduce_mean(tf.math.reduce_std(whole, axis=0))}
+                "std": _spread_across_images(whole)}
 
     def forward(self, crops, training, masks=()):
         (images,), (mask,) = crops, masks
