@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from caco_tf.evaluation import statistics
 from caco_tf.training import run_folder
 
 CURVE = "knn_top1"  # the monitor's field in history.json
@@ -174,8 +175,6 @@ def blocks(comparison, rows, told_apart):
     """The report's learning-curve section (``report.document``'s blocks), or [] without
     curves.  ``rows``: the report's table rows; ``told_apart``: {protocol title: [``Pair``]
     told apart after correction}, to name the verdicts an under-trained method is in."""
-    from caco_tf.comparison.report import interval_text
-
     curves = final_curves(comparison)
     if not curves:
         return pilot_blocks(comparison)
@@ -218,8 +217,8 @@ def blocks(comparison, rows, told_apart):
         table.append([method, f"{np.mean([c['seconds'][-1] for c in seeds.values()]):.0f}",
                       f"{np.mean([c['images_seen'][-1] for c in seeds.values()]):,.0f}",
                       f"{np.mean(total) / 1e12:.1f}" if total else "–",
-                      interval_text([float(c["top1"][-1]) for c in seeds.values()]),
-                      str(by_epochs.index(method) + 1), interval_text(read.get(method, [])),
+                      statistics.interval_text([float(c["top1"][-1]) for c in seeds.values()]),
+                      str(by_epochs.index(method) + 1), statistics.interval_text(read.get(method, [])),
                       str(by_seconds.index(method) + 1) if read.get(method) else "–"])
     said += [("p", (
         f"At equal compute: each curve read at {seconds:.0f} training seconds (the shortest "

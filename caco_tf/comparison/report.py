@@ -125,15 +125,6 @@ def per_seed_text(row, metric, why):
     return f"per seed: {' · '.join(values)} ({why})" if values else "–"
 
 
-def interval_text(values, digits=1):
-    if not values:
-        return "–"
-    found = statistics.mean_interval(values)
-    if found.count == 1:
-        return f"{found.mean:.{digits}f} (1 seed)"
-    return f"{found.mean:.{digits}f} [{found.low:.{digits}f}, {found.high:.{digits}f}]"
-
-
 # The family-wise error level of the report's claims: Holm's step-down over each protocol's
 # pairs keeps the chance of any false "A above B" among them below it.
 ALPHA = 0.05
@@ -540,7 +531,7 @@ def document(comparison, plots):
             for k, v in comparison.trial_point(method, trial).items()) + "`")
         split = bimodal(row, chance)
         cells = [(per_seed_text(row, key, split) if split else
-                  interval_text([f[key] for f in row["seeds"].values() if key in f]))
+                  statistics.interval_text([f[key] for f in row["seeds"].values() if key in f]))
                  for key, _, _, _ in PROTOCOLS]
         health = row["health"]
         ranks = [h[0] for h in health if h[0] is not None]

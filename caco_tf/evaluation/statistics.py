@@ -35,6 +35,16 @@ def mean_interval(values, confidence=0.95):
     return Interval(mean, mean - half, mean + half, count)
 
 
+def interval_text(values, digits=1):
+    """"mean [low, high]" of ``mean_interval`` (a report's cell); one value: "mean (1 seed)"."""
+    if not values:
+        return "–"
+    found = mean_interval(values)
+    if found.count == 1:
+        return f"{found.mean:.{digits}f} (1 seed)"
+    return f"{found.mean:.{digits}f} [{found.low:.{digits}f}, {found.high:.{digits}f}]"
+
+
 def accuracy_standard_error(percent, count):
     """One standard error, in points, of an accuracy of ``percent`` % measured on ``count``
     images, sqrt(p (1 - p) / n): how far another draw of as many test images would move it."""
