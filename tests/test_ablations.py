@@ -121,9 +121,9 @@ def test_adversarial_negative_gradient_is_adcos_closed_form(embeddings):
 def test_every_method_fits_and_evaluates(method):
     warmup = int("warmup_temperature" in methods.model_class(method).argument_defaults())
     model = tiny(method, warmup_steps=warmup)
-    batches = [views(seed, method=method) for seed in range(3)]  # views, or view and masks
+    batches = [views(seed, method=method) for seed in range(3)]  # views, or views and masks
     dataset = tf.data.Dataset.from_tensor_slices(
-        (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])))
+        tuple(np.stack([b[i] for b in batches]) for i in range(len(batches[0]))))
     history = model.fit(dataset, epochs=1, verbose=0).history
     assert np.isfinite(history["loss"][0])
     assert int(model.optimizer.iterations.numpy()) == 3

@@ -20,11 +20,12 @@ TINY = CONFIG_OVERRIDES + ["method.caco.warmup_epochs=1", "train.batch_size=8", 
 
 
 def _batches(count, seed=0, method=None):
-    """``count`` batches of 8: two views, or the view and masks a method of masks takes."""
+    """``count`` batches of 8: two views, or the views and masks a method of masks takes."""
     x = np.random.default_rng(seed).random((count, 8, 28, 28, 1)).astype("float32")
     kinds = methods.model_class(method).view_masks() if method else ()
     if kinds:
-        return tf.data.Dataset.from_tensor_slices((x, *(kind.draw(
+        crops = (x, x[:, ::-1])[:methods.model_class(method).view_count()]
+        return tf.data.Dataset.from_tensor_slices((*crops, *(kind.draw(
             tf.constant([seed, i], tf.int64), count * 8, 7, 7).numpy().reshape(
                 count, 8, *kind.shape(7, 7)) for i, kind in enumerate(kinds))))
     return tf.data.Dataset.from_tensor_slices((x, x[:, ::-1]))
