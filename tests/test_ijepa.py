@@ -154,10 +154,18 @@ def test_a_saved_model_loads_with_its_features(tmp_path):
 
 
 def test_its_known_collapse_is_constant_target_tokens():
-    from caco_tf.training.callbacks import EpochCount
+    from caco_tf.training.callbacks import EpochCount, is_collapsed
 
     model = tiny("ijepa")
     epoch = EpochCount(5, 0, 10)
+    image, mask = images_and_masks(model)
+    history = model.fit(tf.data.Dataset.from_tensors((image, mask)), epochs=1,
+                        verbose=0).history
+    # One view: no alignment or uniformity logged (an empty mean's 0 would read as bunched).
+    assert "uniformity" not in history and "alignment" not in history
+    logs = {key: values[-1] for key, values in history.items()}
+    assert is_collapsed(logs, model, epoch) is None
+    assert "tokens are constant" in is_collapsed(dict(logs, target_std=0.001), model, epoch)
     assert "target encoder's tokens are constant" in model.collapse({"target_std": 0.005}, epoch)
     assert model.collapse({"target_std": 0.092}, epoch) is None  # the digits at start
     assert not model.judged(EpochCount(2, 0, 10)) and model.judged(epoch)
