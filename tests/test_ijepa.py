@@ -207,3 +207,20 @@ def test_a_convnet_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsy
     with pytest.raises(ValueError, match="method ijepa works on a Vision Transformer"):
         tiny("ijepa", backbone=lambda shape: tf.keras.Sequential(
             [tf.keras.Input(shape), tf.keras.layers.GlobalAveragePooling2D()]))
+
+
+def test_the_vit_huge_recipe_plans_as_the_official_config():
+    """configs/ijepa_imagenet_vit_huge14.yaml: ViT-H/14 (patch 14, width 1280, 32 blocks, 16
+    heads) at 224 px, a 16x16 grid, planned without a refusal; the momentum linear to 1."""
+    from caco_tf.nets import sizes
+    from caco_tf.run_settings import RunSettings
+
+    settings = RunSettings.of(load_config("ijepa_imagenet_vit_huge14"))
+    assert sizes.VIT_SHAPES[settings.model.backbone] == (14, 1280, 32, 16)
+    plan = build.RunPlan.of(settings, 1281167 // settings.train.batch_size)
+    build.check_sizes(plan, 1281167, plan.embedding_dim)
+    kinds, grid = build.view_masks(settings)
+    assert grid == (16, 16) and kinds[0].count == 4 and kinds[0].min_context == 10
+    section = settings.method_settings
+    assert section["key_momentum"] == {"start": 0.996, "end": 1.0}
+    assert (section["predictor_width"], section["predictor_depth"]) == (384, 12)
