@@ -86,6 +86,37 @@ def test_attention_to_the_marked_tokens_only_is_the_block_on_them_alone():
                                atol=1e-5)
 
 
+
+def test_the_predictor_is_the_official_one_on_the_gathered_context_and_targets():
+    """vision_transformer.py's predictor by hand: the context's tokens gathered, embedded plus
+    their positions, then one block's mask tokens plus its patches' positions, plain blocks,
+    the norm and the Linear back; the fixed-size sequence with its keys gives the same."""
+    model = tiny("ijepa")
+    predictor = model.predictor
+    rng = np.random.default_rng(3)
+    context = tf.constant(rng.normal(size=(2, 9, 96)).astype("float32"))
+    keys = tf.constant([[True, True, False, True, True, False, True, True, True],
+                        [False, True, True, True, False, True, True, True, True]])
+    index = tf.constant([[[2, 5], [0, 0]], [[0, 4], [4, 0]]], tf.int32)
+    valid = tf.constant([[[1, 1], [1, 0]], [[1, 1], [1, 0]]], tf.float32)
+    out = predictor(context, keys, index, valid).numpy()
+    positions = predictor.positions
+    for image in range(2):
+        seen = np.nonzero(keys[image].numpy())[0]
+        x = predictor.embed(tf.gather(context[image], seen)).numpy() + positions[seen]
+        for block in range(2):
+            slots = int(valid[image, block].numpy().sum())
+            patches = index[image, block, :slots].numpy()
+            queries = predictor.mask_token.numpy()[0] + positions[patches]
+            sequence = tf.constant(np.concatenate([x, queries])[None])
+            for layer in predictor.blocks:
+                sequence = layer(sequence)
+            expected = predictor.proj(predictor.norm(sequence))[0, len(seen):]
+            np.testing.assert_allclose(out[image, block, :slots], expected, atol=1e-5)
+    # Its positions: I-JEPA's get_2d_sincos_pos_embed (MAE's, without the class row).
+    from caco_tf.methods.mae import mae_sincos_positions
+    np.testing.assert_array_equal(positions, mae_sincos_positions(3, 3, 16)[1:])
+
 def images_and_masks(model, seed=0):
     rng = np.random.default_rng(seed)
     image = rng.normal(size=(BATCH, SIZE, SIZE, 1)).astype("float32")
