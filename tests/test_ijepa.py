@@ -5,6 +5,8 @@ encoder following by EMA only, the features the average of the patch tokens with
 token, a tiny fit on the digits through the pipeline, its known collapse, and the refusal of a
 ConvNet in one line."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -255,3 +257,27 @@ def test_the_vit_huge_recipe_plans_as_the_official_config():
     section = settings.method_settings
     assert section["key_momentum"] == {"start": 0.996, "end": 1.0}
     assert (section["predictor_width"], section["predictor_depth"]) == (384, 12)
+
+
+@pytest.mark.slow
+def test_caco_train_runs_the_digits_recipe_to_its_knn_and_exported_features(tmp_path):
+    """caco-train --config mnist_ijepa at tiny sizes: the run trains, its kNN reads the patch
+    tokens' average, and the saved model and SavedModel hold that backbone (~20 s)."""
+    import json
+
+    import keras
+
+    from caco_tf.cli import train
+    from tiny_run import offline_digits
+
+    train_path, test_path = offline_digits(tmp_path, 128, 64)
+    run_dir = tmp_path / "run"
+    settings = [f"data.source=npz:{train_path}", f"data.held_out=npz:{test_path}",
+                "train.epochs=1", "train.batch_size=32", "train.jit_compile=false",
+                "train.steps_per_execution=1", "method.ijepa.predictor_depth=1"]
+    assert train.main(["--config", "mnist_ijepa", "--run-dir", str(run_dir)]
+                      + [part for setting in settings for part in ("--set", setting)]) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert 10.0 < results["knn_top1"] <= 100.0 and os.path.isdir(results["saved_model"])
+    model = keras.models.load_model(str(run_dir / "model.keras"))
+    assert isinstance(model.backbone.layers[-1], ijepa.PatchMean)
