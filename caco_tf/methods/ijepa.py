@@ -1,4 +1,4 @@
-"""I-JEPA: a predictor guesses, from a context block, the target encoder's tokens of target blocks."""
+"""I-JEPA: from a context block, a predictor guesses an EMA encoder's tokens of target blocks."""
 
 import dataclasses
 from typing import Tuple
