@@ -171,6 +171,48 @@ def test_a_block_is_a_rectangle_strictly_inside_the_grid():
     assert single > 250
 
 
+def np_masking_generator(rng, rows, cols, target, max_patches, min_patches=4,
+                         aspect=(0.3, 1 / 0.3)):
+    """DINOv2's MaskingGenerator (data/masking.py) in NumPy: blocks until ``target`` patches."""
+    mask = np.zeros((rows, cols), bool)
+    low, high = math.log(aspect[0]), math.log(aspect[1])
+    while mask.sum() < target:
+        most, added = min(target - mask.sum(), max_patches), 0
+        for _ in range(10):
+            area = min_patches + (most - min_patches) * rng.random()  # random.uniform(a, b)
+            ratio = math.exp(rng.uniform(low, high))
+            h, w = int(round(math.sqrt(area * ratio))), int(round(math.sqrt(area / ratio)))
+            if w < cols and h < rows:
+                top, left = rng.integers(0, rows - h + 1), rng.integers(0, cols - w + 1)
+                new = h * w - mask[top:top + h, left:left + w].sum()
+                if 0 < new <= most:
+                    mask[top:top + h, left:left + w] = True
+                    added = new
+            if added:
+                break
+        if not added:
+            break
+    return mask
+
+
+@pytest.mark.parametrize("target", [4, 12, 24])
+def test_the_blocks_follow_dinov2s_masking_generator(target):
+    """The same law as the reference's sampler, by its statistics over 600 crops: the patches
+    masked, how often the target is reached, and the masks' bounding boxes."""
+    rng = np.random.default_rng(target)
+    reference = np.stack([np_masking_generator(rng, 7, 7, target, 24) for _ in range(600)])
+    ours = dinov2.ibot_block_masks(SEED, tf.fill([600], target), 7, 7, 24.0).numpy()
+
+    def statistics(masks):
+        counts = masks.reshape(len(masks), -1).sum(1)
+        heights = masks.any(2).sum(1)
+        return counts.mean(), (counts == target).mean(), heights.mean()
+
+    for got, expected, tolerance in zip(statistics(ours), statistics(reference),
+                                        (0.03 * target, 0.05, 0.25)):
+        assert abs(got - expected) <= tolerance, (statistics(ours), statistics(reference))
+
+
 def test_the_same_seed_draws_the_same_masks_per_image():
     kind = dinov2.IBOTMasks(0.5, (0.1, 0.5))
     first = kind.draw(SEED, 8, 7, 7).numpy()
