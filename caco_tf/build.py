@@ -20,7 +20,7 @@ import tensorflow as tf
 from caco_tf import data
 from caco_tf.data import DEFAULT_CROP_FRACTION, augment, masks, service, sources
 from caco_tf.methods import model_class
-from caco_tf.nets import backbones, sizes, tokens
+from caco_tf.nets import backbones, hub, sizes, tokens
 from caco_tf.training import callbacks, optimizers
 from caco_tf.config import (ConfigError, load_config, settings_section,
                             upgrade_saved_config)
@@ -104,7 +104,7 @@ def plan_run(settings, train, replicas=1, warn=True):
     built.  ``warn``: log what they can hold but not well (``batch_cautions``), one line each
     on the ``caco_tf`` logger."""
     plan = RunPlan.of(settings, len(train) // settings.train.batch_size, replicas)
-    check_backbone(plan, settings.model.backbone)
+    check_backbone(plan, settings.model)
     check_sizes(plan, len(train), plan.embedding_dim)
     check_image_size(settings.data, train)
     plan = dataclasses.replace(plan, probe_classes=online_probe_classes(settings, train))
@@ -114,11 +114,23 @@ def plan_run(settings, train, replicas=1, warn=True):
     return plan
 
 
-def check_backbone(plan, backbone):
+def check_backbone(plan, model):
     """Refuse, in one line, a method that works on a ViT's tokens (``CONSUMES``) on a
-    backbone that has none (``model.backbone``: a ConvNet, a KerasHub backbone)."""
-    if plan.method.CONSUMES == "tokens" and backbone not in sizes.VIT_SHAPES:
-        raise ConfigError(tokens.tokens_refusal(plan.method.method, backbone))
+    backbone that has none (``model.backbone``: a ConvNet, a KerasHub backbone other than a
+    ``DINOV2Backbone`` preset, which becomes a ViT), or without the ViT options it needs
+    (``VIT_OPTIONS``: DINOv2's mask token)."""
+    method, backbone = plan.method, model.backbone
+    if method.CONSUMES != "tokens":
+        return
+    preset = hub.is_hub_backbone(backbone) and sizes.preset_class(
+        backbone[len(hub.PREFIX):]) == hub.DINOV2
+    if backbone not in sizes.VIT_SHAPES and not preset:
+        raise ConfigError(tokens.tokens_refusal(method.method, backbone))
+    for option, value in getattr(method, "VIT_OPTIONS", {}).items():
+        if getattr(model, option) != value:
+            raise ConfigError(f"method {method.method} needs model.{option} "
+                              f"{str(value).lower()}, got {getattr(model, option)}: set "
+                              f"--set model.{option}={str(value).lower()}")
 
 
 def batch_cautions(plan):

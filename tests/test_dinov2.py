@@ -391,3 +391,15 @@ def test_a_vit_without_a_mask_token_is_refused_in_one_line():
                        "set model.mask_token true$"):
         tiny("dinov2", backbone=lambda shape: vit.build_vit("vit_micro_patch4", shape,
                                                             image_size=SIZE))
+
+
+def test_a_run_without_the_mask_token_is_refused_before_anything_is_written(tmp_path, capsys):
+    from caco_tf.cli import train
+
+    run_dir = tmp_path / "run"
+    code = train.main(["--config", "mnist_dinov2", "--set", "model.mask_token=false",
+                       "--run-dir", str(run_dir)])
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and errors == ["error: method dinov2 needs model.mask_token true, got "
+                                    "False: set --set model.mask_token=true"], errors
+    assert not run_dir.exists()

@@ -214,3 +214,16 @@ def test_a_dinov2_preset_whose_features_differ_is_not_written(tmp_path, capsys, 
     assert error.count("\n") == 0 and re.search(
         r"error: the DINOV2Backbone's features differ from the ViT's by \S+ \(relative\), above "
         r"1e-05: --keras-hub-class caco", error), error
+
+
+def test_a_tokens_method_takes_a_dinov2_preset_and_refuses_another_hub_backbone(tmp_path):
+    from types import SimpleNamespace
+
+    from caco_tf.methods import METHODS
+
+    preset = _dinov2_preset(tmp_path / "preset")
+    plan = SimpleNamespace(method=METHODS["mae"])
+    build.check_backbone(plan, SimpleNamespace(backbone=f"keras_hub:{preset}"))  # a ViT
+    with pytest.raises(ConfigError, match="^method mae works on a Vision Transformer's patch "
+                       "tokens, and model.backbone keras_hub:ResNetBackbone gives none"):
+        build.check_backbone(plan, SimpleNamespace(backbone="keras_hub:ResNetBackbone"))

@@ -195,3 +195,10 @@ def test_caco_figures_draws_an_mae_runs_reconstructions_and_refuses_another_run(
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("error: reconstructions need a run of a "
                                                      "method that reconstructs"), errors
+
+
+def test_one_view_logs_no_alignment_or_uniformity(model):
+    """Never updated with one view, their empty means would log 0: to the health rule,
+    embeddings bunched together (a healthy MAE run was flagged from its fourth epoch)."""
+    names = {metric.name for metric in model.metrics}
+    assert "loss" in names and not names & {"alignment", "uniformity"}

@@ -78,8 +78,7 @@ class Method(Algorithm, keras.Model):
                  multi_crop=False, sync_batchnorm=False, preprocessing=None, run_settings=None,
                  name=None, **arguments):
         if multi_crop and not self.CROPS.local:
-            raise ValueError(f"method {self.method!r} takes {self.crops_wording()}, not "
-                             f"multi-crop")
+            raise ValueError(f"method {self.method!r} takes {self.crops_wording()}, not multi-crop")
         unknown = sorted(set(arguments) - set(self.argument_defaults()))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown arguments {', '.join(unknown)} "
@@ -219,8 +218,10 @@ class Method(Algorithm, keras.Model):
     @property
     def metrics(self):
         probe = [self.probe_top1] if self.online_probe is not None else []
+        # One view, no alignment: an empty mean's 0 would read as bunched embeddings.
+        views = [] if self.CROPS.views == 1 else [self.alignment_tracker, self.uniformity_tracker]
         return ([self.loss_tracker] + self.diagnostic_trackers + self.method_metrics()
-                + [self.lr_tracker, self.alignment_tracker, self.uniformity_tracker] + probe)
+                + [self.lr_tracker] + views + probe)
 
     def compile(self, optimizer="sgd", **kwargs):
         super().compile(optimizer=optimizer, **kwargs)
@@ -316,9 +317,8 @@ class Method(Algorithm, keras.Model):
         if input_signature is not None:
             raise ValueError("export takes no input_signature: the signatures are fixed "
                              "(caco_tf.serving.export)")
-        given = {key: value for key, value in dict(
-            image_size=image_size, channels=channels, mean=mean, std=std,
-            crop_fraction=crop_fraction).items() if value is not None}
+        given = {key: value for key, value in dict(image_size=image_size, channels=channels,
+                 mean=mean, std=std, crop_fraction=crop_fraction).items() if value is not None}
         return serving.export_model(self, filepath, format=format,
                                     serving_layout=serving_layout, version=version,
                                     preprocessing=given, **kwargs)

@@ -152,7 +152,7 @@ class DINOv2(Method):
             "(optim.freeze_last_layer_epochs)", in_steps="freeze_last_layer_steps"),
     }
     CONSUMES = "tokens"
-    # The ViT options it needs (build_vit's; a run's model.mask_token), for the tests' micro ViT.
+    # The ViT options it needs (build_vit's; a run's model.mask_token, checked before a run).
     VIT_OPTIONS = {"mask_token": True}
     TEACHER = "momentum"
     HEADS = ("last_layer", "ibot_mlp", "ibot_last_layer")

@@ -406,13 +406,6 @@ class IJEPA(Method):
     def view_embeddings(self, outputs):
         return None  # one view: alignment and uniformity are the two-view methods'
 
-    @property
-    def metrics(self):
-        """Without the views' alignment and uniformity: never updated with one view, their
-        empty means would log 0, which the health rule reads as bunched embeddings."""
-        views = (self.alignment_tracker, self.uniformity_tracker)
-        return [metric for metric in super().metrics if all(metric is not v for v in views)]
-
     def judged(self, epoch):
         """From the fourth epoch: the predictor starts from nothing."""
         return epoch.done >= 4
