@@ -37,7 +37,7 @@ MODELS = {  # mode: {label: (configuration, overrides)}, and the batch
                   "model.backbone=vit_base_patch16", "data.views=symmetric"]),
               "MAE": ("mae_imagenet_vit_base16", [])}, 8),
 }
-TINY = ["model.backbone=vit_micro_patch4", "data.image_size=16", "method.dino.out_dim=64",
+TINY = ["model.backbone=vit_micro_patch4", "method.dino.out_dim=64",
         "model.projector_hidden=32", "model.embedding_dim=16", "method.mae.decoder_width=16",
         "method.mae.decoder_depth=1", "method.mae.decoder_heads=2"]
 

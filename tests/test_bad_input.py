@@ -16,6 +16,7 @@ import pytest
 from caco_tf.cli import data_service, evaluate, export, extract, figures, import_torch, train
 
 from fill_disk_at_step import fill
+from tiny_methods import MULTI_CROP
 from test_long_run_faults import tmpfs as long_run_tmpfs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,7 +108,7 @@ CASES = [
     ("train", ["--set", "model.pool_grid=0"], "model.pool_grid must be an integer >= 1"),
     ("train", ["--set", "method.caco.warmup_min_steps=100000"], "must end before the run's"),
     ("train", ["--set", "data.views=multicrop", "--set", "method.name=simclr"],
-     "multicrop works with method.name caco, dino, swav"),
+     f"multicrop works with method.name {MULTI_CROP}"),
     ("train", ["--set", "data.extra_layers=[{layer: Resizing, height: 20, width: 20}]"],
      "data.extra_layers: Resizing turns a view of 28x28x1 pixels into 20x20x1; the encoder"),
     ("train", ["--set", "data.views=asymmetric", "--set", "data.extra_layers=["

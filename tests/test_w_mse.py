@@ -11,7 +11,7 @@ from caco_tf.config import ConfigError, load_config
 from caco_tf.build import RunPlan, check_sizes
 from caco_tf.run_settings import RunSettings
 from test_methods import fit_once, projections, unit
-from tiny_methods import tiny, views
+from tiny_methods import MULTI_CROP, tiny, views
 
 
 def np_whiten(z, group_size, epsilon=0.0):
@@ -105,7 +105,7 @@ def test_the_views_follow_the_methods_crops():
     assert run_views(load_config(None, ["method.name=byol"])).num_views == 2
     with pytest.raises(ConfigError, match="method.name w_mse takes K equal views "
                                           r"\(method.w_mse.views, default 2\); data.views "
-                                          "multicrop works with method.name caco, dino, swav"):
+                                          f"multicrop works with method.name {MULTI_CROP}$"):
         load_config(None, ["method.name=w_mse", "data.views=multicrop", "data.image_size=32"])
 
 

@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 
 from caco_tf import methods
-from caco_tf.data import masks
 from caco_tf.nets import backbones, vit
 from caco_tf.nets.layers import BatchNormalization
 
@@ -45,6 +44,9 @@ def overrides(method):
                for key, value in getattr(cls, "VIT_OPTIONS", {}).items()]
     return TOKEN_OVERRIDES + options if cls.CONSUMES == "tokens" else []
 
+
+# The methods that take multi-crop (their CROPS), as a configuration's refusal lists them.
+MULTI_CROP = ", ".join(name for name, cls in methods.METHODS.items() if cls.CROPS.local)
 
 # The fast tier (pytest -m "not slow") runs the per-method tests of one method of each family:
 # CaCo for the InfoNCE family, BYOL for the others; the whole suite runs every method.
