@@ -223,3 +223,17 @@ def test_a_pilot_trains_the_trials_alone_and_reports_their_curves(tmp_path, caps
     assert "| simclr | 0 |" in text and os.path.exists(out / "report" / curves.PLOT[0])
     config = json.load(open(out / "plan.json"))["arguments"]
     assert (config["curve_every"], config["curve_images"]) == (1, [24, 12])
+
+
+def test_the_calibration_crops_are_the_methods_views():
+    """The crops the estimate times: the method's K equal views (W-MSE's 4, MAE's one), or
+    multi-crop's global and local crops."""
+    from caco_tf.config import load_config
+
+    assert runner.crop_sizes(load_config("mnist")) == [28, 28]
+    assert runner.crop_sizes(load_config("mnist", ["method.name=w_mse",
+                                                   "method.w_mse.views=4"])) == [28] * 4
+    assert runner.crop_sizes(load_config("mnist_mae")) == [28]
+    multicrop = load_config("mnist_dinov2")["data"]["multicrop"]
+    assert runner.crop_sizes(load_config("mnist_dinov2")) == [28, 28] + [
+        multicrop["local_size"]] * multicrop["local_crops"]

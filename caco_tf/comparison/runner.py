@@ -842,7 +842,8 @@ def calibrate(comparison, steps=2, say=print):
     import keras
     import tensorflow as tf
 
-    from caco_tf.build import build_model
+    from caco_tf.build import build_model, view_masks
+    from caco_tf.run_settings import RunSettings
 
     measured = comparison.state.setdefault("calibration", {})
     for method in comparison.plan["arguments"]["methods"]:
@@ -853,9 +854,14 @@ def calibrate(comparison, steps=2, say=print):
         keras.utils.set_random_seed(0)
         start = time.time()
         model = build_model(config, steps_per_epoch=100)
-        crops = tuple(tf.random.normal((config["train"]["batch_size"], size, size,
-                                        config["data"]["channels"]))
+        batch = config["train"]["batch_size"]
+        crops = tuple(tf.random.normal((batch, size, size, config["data"]["channels"]))
                       for size in crop_sizes(config))
+        drawn = view_masks(RunSettings.of(config))
+        if drawn:  # a method of masks takes them after its crops, as the pipeline draws them
+            kinds, (rows, cols) = drawn
+            crops += tuple(kind.draw(tf.constant([0, i], tf.int64), batch, rows, cols)
+                           for i, kind in enumerate(kinds))
         function = model.make_train_function()
         per_call = model.steps_per_execution
         tf.nest.map_structure(lambda t: t.numpy(), function([crops] * per_call))
@@ -959,10 +965,14 @@ def linear_seconds(costs, train_count, test_count, epochs, batch_size=None):
 
 
 def crop_sizes(config):
+    """The sides of the crops a batch of the run holds: two global crops then the local ones
+    (multi-crop), else the method's K equal views (W-MSE's K, MAE's one)."""
+    from caco_tf.run_settings import RunSettings
+
     size, local = config["data"]["image_size"], config["data"]["multicrop"]
     if config["data"]["views"] == "multicrop":
         return [size, size] + [local["local_size"]] * local["local_crops"]
-    return [size, size]
+    return [size] * RunSettings.of(config).views_per_image
 
 
 # The steps of a run cost more than the calibration's (the input pipeline, the epoch's end and
