@@ -22,7 +22,7 @@ from caco_tf.data import DEFAULT_CROP_FRACTION, augment, masks, service, sources
 from caco_tf.methods import model_class
 from caco_tf.nets import backbones, hub, sizes, tokens
 from caco_tf.training import callbacks, optimizers
-from caco_tf.config import (ConfigError, load_config, settings_section,
+from caco_tf.config import (VIEWS, ConfigError, load_config, settings_section,
                             upgrade_saved_config)
 from caco_tf.run_settings import RunSettings
 from caco_tf.training.run_folder import RunFolder
@@ -216,12 +216,16 @@ def _named_views(data, count):
     if name == "symmetric":
         return augment.SymmetricViews(size, channels, scale=data.crop_scale,
                                       blur_sigma=data.blur_sigma, num_views=count)
+    if name in ("crop", "crop_flip"):
+        return augment.CropViews(size, channels, scale=data.crop_scale,
+                                 flip_probability=0.5 if name == "crop_flip" else 0.0,
+                                 num_views=count)
     if name == "multicrop":
         crops = data.multicrop
         return augment.MultiCropViews(
             size, crops.local_size, crops.local_crops, crops.global_scale, crops.local_scale,
             channels=channels, blur_sigma=data.blur_sigma)
-    raise ConfigError(f"data.views must be digits, asymmetric or multicrop, got {name!r}")
+    raise ConfigError(f"data.views must be one of {', '.join(VIEWS)}, got {name!r}")
 
 
 def run_views(config):

@@ -202,7 +202,8 @@ def _source(value, held_out=False):
 
 BACKBONES = tuple(DOWNSAMPLING)
 HUB_PREFIX = "keras_hub:"  # serving.hub's
-VIEWS = ("digits", "asymmetric", "symmetric", "cifar", "imagenet", "multicrop")
+VIEWS = ("digits", "asymmetric", "symmetric", "cifar", "imagenet", "multicrop", "crop",
+         "crop_flip")
 
 
 # Every key of the run itself, in the order of a saved config.yaml (the methods' sections go
@@ -235,10 +236,11 @@ CORE_SETTINGS = {
     "data.views": Setting(
         "digits", choice(*VIEWS),
         "the augmentation: digits (offline MNIST), asymmetric (the paper's and BYOL's two views; "
-        "cifar and imagenet are aliases), symmetric (MoCo v2's and SimSiam's) or multicrop"),
+        "cifar and imagenet are aliases), symmetric (MoCo v2's and SimSiam's), multicrop, crop "
+        "(a RandomResizedCrop only: I-JEPA's) or crop_flip (and a flip: MAE's)"),
     "data.crop_scale": Setting(
         [0.2, 1.0], span(0.0, 1.0, positive_low=True),
-        "asymmetric and symmetric views: the RandomResizedCrop area range"),
+        "asymmetric, symmetric, crop and crop_flip views: the RandomResizedCrop area range"),
     "data.blur_sigma": Setting(
         [0.1, 2.0], span(0.0),
         "colour views: the Gaussian blur's sigma range, in pixels of the view"),

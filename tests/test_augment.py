@@ -199,6 +199,24 @@ def test_asymmetric_views_carry_the_reference_settings():
     assert views.mean == augment.IMAGENET_MEAN and views.std == augment.IMAGENET_STD
 
 
+def test_crop_views_crop_and_flip_only():
+    """MAE's and I-JEPA's views (data.views crop_flip and crop): no colour, no blur; with the
+    whole image as the crop, the image itself normalized (mirrored when flipped)."""
+    image = tf.constant(np.random.default_rng(8).integers(0, 256, (12, 12, 1)), tf.uint8)
+    seed = tf.constant([1, 2], tf.int64)
+    plain = augment.CropViews(12, 1, scale=(1.0, 1.0), flip_probability=0.0)
+    (view,) = plain.augment_image(image, seed)
+    expected = (image.numpy() / 255.0 - augment.IMAGENET_GRAY_MEAN) / augment.IMAGENET_GRAY_STD
+    np.testing.assert_allclose(view, expected, atol=1e-5)
+    (mirrored,) = augment.CropViews(12, 1, scale=(1.0, 1.0), flip_probability=1.0).augment_image(
+        image, seed)
+    np.testing.assert_allclose(mirrored, expected[:, ::-1], atol=1e-5)
+    (recipe,) = augment.CropViews(224, scale=(0.3, 1.0), flip_probability=0.0).recipes
+    assert recipe.scale == (0.3, 1.0) and recipe.ratio == pytest.approx((3 / 4, 4 / 3))
+    assert recipe.jitter_probability == recipe.grayscale_probability == 0.0
+    assert recipe.blur_probability == recipe.solarize_probability == 0.0
+
+
 @pytest.mark.slow
 def test_multicrop_recipes_and_shapes():
     recipes = augment.MultiCropViews().recipes

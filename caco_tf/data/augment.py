@@ -532,6 +532,21 @@ class SymmetricViews(ImageViews):
                         ) * int(num_views)
 
 
+class CropViews(ImageViews):
+    """The masked-image methods' views: RandomResizedCrop (``scale``) and a horizontal flip
+    with ``flip_probability``, no colour, no blur.  MAE's (main_pretrain.py: scale 0.2-1, a
+    flip) and I-JEPA's (make_transforms: scale 0.3-1, no flip): their losses predict pixels or
+    tokens, so colour noise in the view would only be more to predict."""
+
+    def __init__(self, size=224, channels=3, scale=(0.2, 1.0), flip_probability=0.5, mean=None,
+                 std=None, num_views=1):
+        super().__init__(size, channels, mean, std)
+        self.recipes = (ViewRecipe(size=self.size, scale=tuple(scale),
+                                   flip_probability=float(flip_probability),
+                                   jitter_probability=0.0, grayscale_probability=0.0,
+                                   blur_probability=0.0),) * int(num_views)
+
+
 class MultiCropViews(ImageViews):
     """SwAV's multi-crop as the reference's multi-crop transform draws it.
 
