@@ -89,6 +89,9 @@ class RandomMasks:
     def draw(self, seed, batch, rows, cols):
         return random_masks(seed, batch, rows, cols, self.ratio)
 
+    def wording(self):  # the recipes' table (docs/getting-started.md)
+        return f"{self.ratio * 100:g} % of the patches masked"
+
 
 @dataclasses.dataclass(frozen=True)
 class BlockMasks:
@@ -111,6 +114,9 @@ class BlockMasks:
     def draw(self, seed, batch, rows, cols):
         boxes = block_boxes(seed, batch, self.count, rows, cols, self.scale, self.aspect)
         return box_masks(boxes, rows, cols)
+
+    def wording(self):
+        return f"{self.count} block{'s' * (self.count != 1)} masked"
 
 
 class MaskedViews:

@@ -4,10 +4,11 @@ A method is its file: a ``Method`` subclass that names itself (``method = "byol"
 declares its settings (``SETTINGS``, the section ``method.<name>`` of every configuration), its
 parts, its advice and its row of the documentation (``DOCS_ROW``).  Every module of this package
 is read here, and each class that names itself is registered (``METHODS``).  Every other list
-of the methods is generated from it (docs/methods.md's table, the API reference, ``caco_tf``'s
-exports) or checked against it by tests/test_method_lists.py (the tables that prose surrounds,
-the offline configurations' sections): adding a method touches its file, its loss in
-``caco_tf/losses.py``, its test, and the rows that test asks for.
+of the methods is generated from it (the docs' tables, docs/hooks.py; the API reference,
+``caco_tf``'s exports) or checked against it by tests/test_method_lists.py (the README's table,
+written by ``python docs/hooks.py --write-readme``; docs/methods.md's sections; the offline
+configurations' sections): adding a method touches its file, its test, its recipes, its loss
+in ``caco_tf/losses.py``, its section of docs/methods.md and the README's table.
 
 What every method shares: ``algorithm.py`` what a method declares, the hooks of its step and
 its parts, ``base.py`` the Keras model that trains it (the one step, phases, trackers, fit,

@@ -16,7 +16,12 @@ class AdversarialNegatives(ContrastiveMethod):
     SETTINGS, SETTINGS_OF = CaCo.SETTINGS, "caco"  # CaCo's ablation row: its section
     BANK = True
     LEARNS_BANK = True
-    DOCS_ROW = {"state": "bank (adversarial negatives)", "global batch": "the bank's gradient"}
+    DOCS_ROW = {"state": "bank (adversarial negatives)", "global batch": "the bank's gradient",
+                "name": "CaCo's ablation rows",
+                "full name": "the paper's Negative row (AdCo-like)",
+                "towards": "the other view's key",
+                "negatives": "the bank, trained adversarially",
+                "summary": "the paper's None, Positive and Negative rows"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._moco_loss(query1, query2, key1, key2, bank)

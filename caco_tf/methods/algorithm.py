@@ -72,10 +72,15 @@ class Algorithm:
     DIVERGENCE_ADVICE = ("lower the learning rate (train.learning_rate) or use train.precision "
                          "float32")     # what to change when its loss becomes NaN or infinite
     TEACHER_NAME = "teacher"       # the momentum teacher's name in ``summary``
-    # docs/methods.md's row, beside what the attributes above say (``methods.docs_table``): the
-    # state it keeps, the quantities it reduces over the global batch, without a momentum
-    # teacher what serves as one ("teacher"), and the paper's ImageNet ResNet-50 linear top-1
-    # (%) of the method (its tables 200/800/multi).
+    # Its rows of the documentation, beside what the attributes above say (docs/hooks.py).
+    # docs/methods.md's table (``methods.docs_table``): the state it keeps, the quantities it
+    # reduces over the global batch, without a momentum teacher what serves as one ("teacher"),
+    # and the paper's ImageNet ResNet-50 linear top-1 (%) of the method (its tables
+    # 200/800/multi).  Every method also gives its "name" in words ("MoCo v2"; the README
+    # merges adjacent rows of one name and summary), what a view is trained "towards" and its
+    # "negatives" (docs/getting-started.md's table, under its "full name" if not its name), the
+    # README's "summary" if not "towards", and with its own ``COLLAPSE_ADVICE`` what that
+    # failure is judged by ("collapse": docs/health.md's table).
     DOCS_ROW = {"state": "–", "global batch": "–", "paper": "–"}
 
     # ------------------------------------------------------------------ what a method declares

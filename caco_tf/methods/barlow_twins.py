@@ -30,7 +30,10 @@ class BarlowTwins(Method):
     }
     WARMUP = BankWarmup
     DOCS_ROW = {"state": "–", "global batch": "standardization, cross-correlation",
-                "paper": "not in the paper (73.2, its authors')"}
+                "paper": "not in the paper (73.2, its authors')",
+                "name": "Barlow Twins",
+                "towards": "an identity cross-correlation between the two views",
+                "negatives": "none (decorrelation)"}
     PROJECTOR = dict(layers_count=3)
     # The D x D matrix it estimates from the global batch: from no more images than D it is
     # rank-deficient, which caco_tf.build.plan_run warns of at start.

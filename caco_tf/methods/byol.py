@@ -36,7 +36,11 @@ class BYOL(Method):
     WARMUP = BankWarmup
     TEACHER = "momentum"
     HEADS = ("predictor",)
-    DOCS_ROW = dict(Method.DOCS_ROW, paper="70.6 (200 ep, b4096); 74.3 (1000 ep)")
+    DOCS_ROW = dict(Method.DOCS_ROW, paper="70.6 (200 ep, b4096); 74.3 (1000 ep)",
+                    name="BYOL",
+                    towards="the EMA target's projection, through a predictor",
+                    negatives="none",
+                    summary="an EMA target's projection, through a predictor")
     PROJECTOR = dict(layers_count=2, bias=False)
 
     def build_heads(self):

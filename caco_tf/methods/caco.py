@@ -65,7 +65,15 @@ class CaCo(ContrastiveMethod):
     CROPS = Crops(views=2, local=True)
     DOCS_ROW = {"state": "bank (trained)", "global batch": "the bank's gradient",
                 "paper": "70.9 / 71.3 / 72.0 (200 ep, b256/1024/4096); 74.1 / 75.3 "
-                         "(800 ep, b1024/4096); 75.7 (multi-crop, b2048)"}
+                         "(800 ep, b1024/4096); 75.7 (multi-crop, b2048)",
+                "name": "CaCo",
+                "full name": "CaCo, the paper's Positive+Negative",
+                "towards": "the bank's Most Probable Positive",
+                "negatives": "the other bank rows",
+                "summary": "the bank's Most Probable Positive against the other rows; the bank "
+                           "learns too",
+                "collapse": "the MPPs used fewer than 2 % of the rows the epoch could use "
+                            "(min(K, its 2N assignments))"}
     EXACT_GRADIENT = True
     COLLAPSE_ADVICE = ("lengthen the warm-up (method.caco.warmup_epochs, "
                        "method.caco.warmup_min_steps) so that the key encoder follows before the "

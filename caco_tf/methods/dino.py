@@ -54,7 +54,13 @@ class DINO(Method):
     HEADS = TEACHER_HEADS = ("last_layer",)
     CROPS = Crops(views=2, local=True)
     DOCS_ROW = {"state": "center", "global batch": "the center",
-                "paper": "75.3 (multi-crop, 800 ep)"}
+                "paper": "75.3 (multi-crop, 800 ep)",
+                "name": "DINO",
+                "towards": "the EMA teacher's centered, sharpened output",
+                "negatives": "none (centering)",
+                "summary": "an EMA teacher's centered, sharpened output",
+                "collapse": "the teacher's output is uniform: `teacher_entropy` above 98 % of "
+                            "ln K, from the fourth epoch after the last layer thaws"}
     PROJECTOR = dict(layers_count=3, bias=True, hidden_batchnorm=False, activation="gelu")
     DIAGNOSTICS = ("teacher_entropy",)
     COLLAPSE_ADVICE = ("lower method.dino.teacher_temperature (0.04; above ~0.07 the teacher "

@@ -92,6 +92,10 @@ class IBOTMasks:
                                 rows, cols, self.max_share * rows * cols)
         return tf.reshape(mask, [batch, self.crops, rows, cols])
 
+    def wording(self):  # the recipes' table (docs/getting-started.md)
+        share = "half" if self.probability == 0.5 else f"{self.probability * 100:g} % of"
+        return f"iBOT's block masks on {share} the global crops"
+
 
 @keras.saving.register_keras_serializable(package="caco_tf")
 class DINOv2(Method):
@@ -164,7 +168,18 @@ class DINOv2(Method):
     DOCS_ROW = {"state": "centers (with centering)", "global batch": "Sinkhorn-Knopp's sums, "
                 "KoLeo's neighbours, the centers",
                 "paper": "84.5 (ViT-L/14 on ImageNet-22k, 500 of its epochs; the released "
-                         "ViT-L/14, distilled: 86.3)"}
+                         "ViT-L/14, distilled: 86.3)",
+                "name": "DINOv2",
+                "towards": "the EMA teacher's Sinkhorn-Knopp output, on the class token and on "
+                           "its masked patches",
+                "negatives": "KoLeo (the class tokens' spread)",
+                "summary": "an EMA teacher's Sinkhorn-Knopp output, on the class token (DINO) "
+                           "and on its masked patches (iBOT), with KoLeo's spread",
+                "collapse": "the teacher's output is uniform: `teacher_entropy` (its "
+                            "class-token distributions) or `patch_teacher_entropy` (its masked "
+                            "patches', iBOT's) above 98 % of ln K of its head, from the fourth "
+                            "epoch after the last layers thaw; Sinkhorn-Knopp makes a teacher "
+                            "that gives every image one output exactly uniform"}
     COLLAPSE_ADVICE = ("lower method.dinov2.teacher_temperature or lengthen its warm-up (0.04 "
                        "to 0.07 over 30 epochs), or freeze the last layers longer "
                        "(method.dinov2.freeze_last_layer_epochs)")

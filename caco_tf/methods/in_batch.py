@@ -14,7 +14,12 @@ class InBatch(ContrastiveMethod):
 
     method = "none"
     SETTINGS, SETTINGS_OF = CaCo.SETTINGS, "caco"  # CaCo's ablation row: its section
-    DOCS_ROW = {"state": "–", "global batch": "the batch's keys"}
+    DOCS_ROW = {"state": "–", "global batch": "the batch's keys",
+                "name": "CaCo's ablation rows",
+                "full name": "the paper's None row",
+                "towards": "the other view's key",
+                "negatives": "the batch's other keys",
+                "summary": "the paper's None, Positive and Negative rows"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._batch_loss(query1, key2, key2) + self._batch_loss(query2, key1, key1)

@@ -29,7 +29,11 @@ class MoCoV2(ContrastiveMethod):
     }
     BANK = True
     DOCS_ROW = {"state": "queue of keys", "global batch": "–",
-                "paper": "67.5 (200 ep); 71.1 (800 ep)"}
+                "paper": "67.5 (200 ep); 71.1 (800 ep)",
+                "name": "MoCo v2",
+                "towards": "the other view's key",
+                "negatives": "a FIFO queue of past keys",
+                "summary": "the other view's key against a FIFO queue of past keys"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         return self._moco_loss(query1, query2, key1, key2, bank)

@@ -44,7 +44,11 @@ class MoCoV3(Method):
     TEACHER = "momentum"
     HEADS = ("predictor",)
     DOCS_ROW = {"state": "–", "global batch": "the keys",
-                "paper": "74.6 (1000 ep, b4096)"}
+                "paper": "74.6 (1000 ep, b4096)",
+                "name": "MoCo v3",
+                "towards": "the other view's key, through a predictor",
+                "negatives": "the batch's other keys",
+                "summary": "the other view's key against the batch's, through a predictor"}
     PROJECTOR = dict(layers_count=2, last_batchnorm="plain")
 
     @classmethod

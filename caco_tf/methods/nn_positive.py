@@ -17,7 +17,12 @@ class NearestNeighbourPositive(ContrastiveMethod):
     method = "positive"
     SETTINGS, SETTINGS_OF = CaCo.SETTINGS, "caco"  # CaCo's ablation row: its section
     BANK = True
-    DOCS_ROW = {"state": "queue of keys", "global batch": "the batch's keys"}
+    DOCS_ROW = {"state": "queue of keys", "global batch": "the batch's keys",
+                "name": "CaCo's ablation rows",
+                "full name": "the paper's Positive row (NNCLR-like)",
+                "towards": "nearest neighbour of that key in a FIFO queue of past keys",
+                "negatives": "the batch's other keys",
+                "summary": "the paper's None, Positive and Negative rows"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         queue = losses.l2_normalize(bank)

@@ -40,7 +40,11 @@ class NNCLR(Method):
     HEADS = ("predictor",)
     DOCS_ROW = {"state": "support set", "global batch": "the predictions, the queue's writes",
                 "paper": "70.7 (200 ep, b4096); 72.9 / 74.9 (800 ep, b1024/4096); "
-                         "75.6 (multi-crop)"}
+                         "75.6 (multi-crop)",
+                "name": "NNCLR",
+                "towards": "the nearest neighbour of its projection in a support-set queue",
+                "negatives": "the batch's other predictions",
+                "summary": "the nearest neighbour of its projection in a support set"}
     PROJECTOR = dict(layers_count=3, last_batchnorm="affine")
 
     def build_heads(self):

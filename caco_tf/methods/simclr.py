@@ -27,7 +27,11 @@ class SimCLR(ContrastiveMethod):
     }
     TEACHER = None
     DOCS_ROW = {"state": "–", "global batch": "NT-Xent's negatives",
-                "paper": "61.9 (200 ep, b256); 69.3 (800 ep, b4096)"}
+                "paper": "61.9 (200 ep, b256); 69.3 (800 ep, b4096)",
+                "name": "SimCLR",
+                "towards": "the other view's query (NT-Xent)",
+                "negatives": "the batch's other 2N-2 queries",
+                "summary": "the other view's query against the batch's other queries"}
 
     def contrastive_loss(self, query1, query2, key1, key2, bank):
         embeddings = tf.concat([query1, query2], axis=0)

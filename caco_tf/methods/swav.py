@@ -47,7 +47,13 @@ class SwAV(Method):
     CROPS = Crops(views=2, local=True)
     DOCS_ROW = {"state": "queues (optional)", "global batch": "Sinkhorn's sums",
                 "teacher": "the stop-gradient student",
-                "paper": "69.1 (200 ep); 71.8 (800 ep); 75.3 (multi-crop)"}
+                "paper": "69.1 (200 ep); 71.8 (800 ep); 75.3 (multi-crop)",
+                "name": "SwAV",
+                "towards": "the other crops' Sinkhorn codes over learned prototypes",
+                "negatives": "none (balanced codes)",
+                "collapse": "the loss stays above 98 % of ln K (uniform codes predicted "
+                            "uniformly), from the fourth epoch after the prototypes thaw (it "
+                            "starts at ln K)"}
     PROJECTOR = dict(layers_count=2, bias=True)
     COLLAPSE_ADVICE = ("lower method.swav.epsilon (0.03), freeze the prototypes longer "
                        "(method.swav.freeze_prototypes_epochs), start the queue later or shorten "

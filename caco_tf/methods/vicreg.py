@@ -31,7 +31,10 @@ class VICReg(Method):
     }
     WARMUP = BankWarmup
     DOCS_ROW = {"state": "–", "global batch": "variance, covariance",
-                "paper": "not in the paper (73.2, its authors')"}
+                "paper": "not in the paper (73.2, its authors')",
+                "name": "VICReg",
+                "towards": "invariance, with variance and covariance terms",
+                "negatives": "none (variance)"}
     PROJECTOR = dict(layers_count=3)
     # The D x D matrix it estimates from the global batch: from no more images than D it is
     # rank-deficient, which caco_tf.build.plan_run warns of at start.

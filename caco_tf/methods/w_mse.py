@@ -50,7 +50,12 @@ class WMSE(Method):
     }
     CROPS = Crops(views="views", local=False)
     DOCS_ROW = {"state": "–", "global batch": "– (a replica's sub-batches are whitened)",
-                "paper": "not in the paper"}
+                "paper": "not in the paper",
+                "name": "W-MSE",
+                "towards": "the other view, both whitened over sub-batches",
+                "negatives": "none (whitening)",
+                "summary": "the other views (K of them: `method.w_mse.views`), all whitened "
+                           "over sub-batches"}
     PROJECTOR = dict(layers_count=2, bias=True)
 
     @classmethod
