@@ -26,19 +26,6 @@ README = os.path.join(ROOT, "README.md")
 README_BEGIN, README_END = "<!-- readme-methods:begin -->", "<!-- readme-methods:end -->"
 WRITE_README = "python docs/hooks.py --write-readme"
 
-# MAE's rows, kept here while caco_tf/methods/mae.py is edited elsewhere: they belong in its
-# DOCS_ROW, which wins over them.
-AWAITING_THEIR_FILE = {"mae": {
-    "name": "MAE",
-    "towards": "its masked patches' normalized pixels, from the visible ones",
-    "negatives": "none (reconstruction)",
-    "summary": "the pixels of its masked patches, from the 25 % it sees ([Vision "
-               "Transformers](docs/vit.md))",
-    "collapse": "the reconstructions are flat: `relative_loss` (the loss over that of predicting "
-                "each masked patch's own mean: zeros under `norm_pix_loss`) at or above 0.995, "
-                "from the fourth epoch (`configs/mnist_mae.yaml`: 1.48, 0.989, 0.987 in its "
-                "first 3 epochs)"}}
-
 
 def on_page_markdown(markdown, page, config, files):
     for marker, table in MARKERS.items():
@@ -87,7 +74,7 @@ def method_classes():
 def docs_row(cls, key, table, default=None):
     """``cls.DOCS_ROW[key]``, which ``table`` shows: ``default`` when not declared, refused in
     one line without one."""
-    row = {**AWAITING_THEIR_FILE.get(cls.method, {}), **cls.DOCS_ROW}
+    row = cls.DOCS_ROW
     if key in row:
         return row[key]
     if default is None:

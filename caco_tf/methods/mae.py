@@ -142,7 +142,14 @@ class MAE(Method):
     PROJECTOR = dict(layers_count=1, hidden_batchnorm=False)
     DIAGNOSTICS = ("relative_loss",)
     DOCS_ROW = {"state": "–", "global batch": "–", "teacher": "–",
-                "paper": "68.0 (ViT-B/16, 1600 ep; fine-tuned 83.6)"}
+                "paper": "68.0 (ViT-B/16, 1600 ep; fine-tuned 83.6)", "name": "MAE",
+                "towards": "its masked patches' normalized pixels, from the visible ones",
+                "negatives": "none (reconstruction)",
+                "summary": "the pixels of its masked patches, from the 25 % it sees ([Vision "
+                           "Transformers](docs/vit.md))",
+                "collapse": "the reconstructions are flat: `relative_loss` (the loss over that "
+                            "of predicting each masked patch's own mean: zeros under "
+                            "`norm_pix_loss`) at or above 0.995, from the fourth epoch"}
     COLLAPSE_ADVICE = ("lower the learning rate (train.learning_rate) or lengthen its warm-up "
                        "(train.lr_warmup_epochs), or keep fewer patches "
                        "(method.mae.mask_ratio)")
