@@ -144,7 +144,7 @@ def test_getting_starteds_table_of_recipes_is_generated_for_every_method_recipe(
     assert byol[2:] == ["1000", "4096", "LARS lr 3.2", "`imagenet` (crop 0.08-1)"]
     mae = next(row for row in rows if "mae_imagenet_vit_base16" in row[0])
     assert mae[0].endswith("(ViT-B/16)") and mae[4:] == [
-        "AdamW lr 2.4e-3, decay 0.05", "`symmetric`, one view, 75 % of the patches masked"]
+        "AdamW lr 2.4e-3, decay 0.05", "`crop_flip`, one view, 75 % of the patches masked"]
 
 
 def test_healths_table_is_generated_for_every_method_with_its_own_collapse_advice():
