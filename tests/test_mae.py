@@ -129,6 +129,12 @@ def test_its_known_failure_is_a_flat_reconstruction(model):
     assert "reconstructions are flat" in model.collapse({"relative_loss": 1.0}, epoch)
     assert model.collapse({"relative_loss": 0.987}, epoch) is None  # the digits at epoch 3
     assert not model.judged(EpochCount(2, 0, 10)) and model.judged(epoch)
+    # Only its own failure: a working MAE's class tokens have an effective rank near 1.
+    from caco_tf.training.callbacks import is_collapsed
+
+    assert is_collapsed({"relative_loss": 0.96, "rank_embedding": 1.02}, model, epoch) is None
+    assert "flat" in is_collapsed({"relative_loss": 1.0, "rank_embedding": 1.02}, model, epoch)
+    assert is_collapsed({"rank_embedding": 1.02}).startswith("the embeddings' effective rank")
 
 
 def test_a_tiny_fit_on_the_digits_through_the_pipeline_and_the_figure(tmp_path):

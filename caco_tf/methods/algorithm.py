@@ -69,6 +69,7 @@ class Algorithm:
     BATCH_MATRIX = None            # a D x D matrix it estimates from the batch (its name)
     COLLAPSE_ADVICE = ("lower the learning rate (train.learning_rate) or lengthen its warm-up "
                        "(train.lr_warmup_epochs)")
+    EMBEDDINGS_JUDGED = True       # the shared checks (uniformity, spread, rank) apply to it
     DIVERGENCE_ADVICE = ("lower the learning rate (train.learning_rate) or use train.precision "
                          "float32")     # what to change when its loss becomes NaN or infinite
     TEACHER_NAME = "teacher"       # the momentum teacher's name in ``summary``

@@ -360,11 +360,12 @@ EpochCount = collections.namedtuple("EpochCount", "done steps images")
 def is_collapsed(logs, model=None, epoch=EpochCount(1, 0, 0)):
     """Why an epoch's ``logs`` show a collapse, or None: the method's own check
     (``model.collapse``: CaCo's positives on a few bank rows, SwAV's loss at ln K, DINO's
-    uniform teacher), the embeddings' uniformity above ``COLLAPSE_UNIFORMITY``, their spread
-    (``embedding_std``, SimSiam's measure) under ``COLLAPSE_SPREAD`` while they bunch, or their
-    effective rank under ``COLLAPSE_RANK``."""
+    uniform teacher), then, unless the method's embeddings say nothing of it
+    (``EMBEDDINGS_JUDGED``: MAE's), the embeddings' uniformity above ``COLLAPSE_UNIFORMITY``,
+    their spread (``embedding_std``, SimSiam's measure) under ``COLLAPSE_SPREAD`` while they
+    bunch, or their effective rank under ``COLLAPSE_RANK``."""
     reason = model.collapse(logs, epoch) if model is not None else None
-    if reason:
+    if reason or not getattr(model, "EMBEDDINGS_JUDGED", True):
         return reason
     if "uniformity" in logs and float(logs["uniformity"]) > COLLAPSE_UNIFORMITY:
         return (f"the embeddings bunch together (uniformity {float(logs['uniformity']):.3f}, "
