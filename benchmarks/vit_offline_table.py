@@ -1,0 +1,117 @@
+"""docs/vit.md's table of the ViT-era methods on the held-out digits, read from run folders.
+
+    python benchmarks/vit_offline_table.py RUNS_DIR      (--tiny: made-up runs, the test's)
+
+RUNS_DIR holds ``held_<method>_s<seed>/`` run folders, each with the probes that
+``caco-evaluate knn|linear --run RUN`` and ``... --untrained --seed SEED`` wrote
+(``eval_<protocol>.json``, ``eval_<protocol>_untrained.json``).  Each method is set against the
+same ViT at its initialization, seed by seed (the paired t interval), and every claim of the
+page is one family under Holm's correction: these rows' and the page's three earlier claims
+(MoCo v3 and DINO above their untrained ViT, MoCo v3 above DINO: ``EARLIER_P``).
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+
+from caco_tf.evaluation import statistics
+
+# The two-sided paired p of docs/vit.md's earlier claims (its MoCo v3 / DINO table).
+EARLIER_P = {"MoCo v3 above its untrained ViT (kNN)": 0.007,
+             "DINO above its untrained ViT (kNN)": 0.011,
+             "MoCo v3 above DINO (kNN)": 0.012}
+NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA"}
+PROTOCOLS = ("linear", "knn")
+
+
+def figures(runs_dir):
+    """{method: {seed: {protocol: (trained, untrained)}}} of every finished run folder."""
+    found = {}
+    for folder in sorted(glob.glob(os.path.join(runs_dir, "held_*_s*"))):
+        match = re.fullmatch(r"held_(\w+?)_s(\d+)", os.path.basename(folder))
+        if not match or not os.path.isdir(folder):
+            continue
+        method, seed = match.group(1), int(match.group(2))
+        probes = {}
+        for protocol in PROTOCOLS:
+            paths = [os.path.join(folder, f"eval_{protocol}{kind}.json")
+                     for kind in ("", "_untrained")]
+            if all(os.path.exists(p) for p in paths):
+                probes[protocol] = tuple(json.load(open(p))["top1"] for p in paths)
+        if len(probes) == len(PROTOCOLS):
+            found.setdefault(method, {})[seed] = probes
+    return found
+
+
+def _p(value):
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def table(found):
+    claims, rows = {}, []
+    for method, seeds in found.items():
+        order = sorted(seeds)
+        for protocol in PROTOCOLS:
+            trained = [seeds[s][protocol][0] for s in order]
+            untrained = [seeds[s][protocol][1] for s in order]
+            name = f"{NAMES.get(method, method)} above its untrained ViT ({protocol})"
+            paired = statistics.paired_comparison(trained, untrained)
+            p = statistics.paired_p_value(trained, untrained) if len(order) > 1 else 1.0
+            claims[name] = p
+            rows.append((method, protocol, order, trained, untrained, paired, name))
+    family = dict(EARLIER_P, **claims)
+    adjusted = dict(zip(family, statistics.holm(list(family.values()))))
+    print("| method | probe | " + " | ".join(f"seed {s}" for s in rows[0][2]) +
+          " | mean [95 % interval] | untrained, same seeds | trained − untrained, paired "
+          "| p (Holm) |")
+    print("|---|---|" + "---:|" * len(rows[0][2]) + "---|---|---|---|")
+    for method, protocol, order, trained, untrained, paired, name in rows:
+        difference = paired.difference
+        held = adjusted[name] < 0.05 and difference.low > 0
+        print(f"| {NAMES.get(method, method)} | {protocol} | "
+              + " | ".join(f"{x:.1f} %" for x in trained)
+              + f" | {statistics.interval_text(trained)} | {statistics.interval_text(untrained)}"
+              f" | {difference.mean:+.1f} points [{difference.low:.1f}, {difference.high:.1f}]"
+              f" | {_p(family[name])} ({_p(adjusted[name])}): "
+              f"{'above' if held else 'no difference after correction'} |")
+    told = sum(adjusted[n] < 0.05 for n in family)
+    print(f"\nThe page's {len(family)} paired claims, one family: {told} of {len(family)} hold "
+          f"after Holm's correction at 0.05.")
+
+
+def write_tiny_runs(folder):
+    """Two methods' run folders of made-up probes (``--tiny``: the table's path, no training)."""
+    for method, gain in (("mae", 12.0), ("ijepa", 0.5)):
+        for seed in range(3):
+            run = os.path.join(folder, f"held_{method}_s{seed}")
+            os.makedirs(run, exist_ok=True)
+            for protocol in PROTOCOLS:
+                untrained = 30.0 + seed
+                for kind, top1 in (("", untrained + gain + 0.3 * seed), ("_untrained", untrained)):
+                    with open(os.path.join(run, f"eval_{protocol}{kind}.json"), "w") as handle:
+                        json.dump({"protocol": protocol, "top1": top1}, handle)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs_dir", nargs="?", help="a folder of held_<method>_s<seed>/ runs")
+    parser.add_argument("--tiny", action="store_true", help="made-up run folders (a test)")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        with tempfile.TemporaryDirectory() as folder:
+            write_tiny_runs(folder)
+            return table(figures(folder))
+    if not args.runs_dir or not os.path.isdir(args.runs_dir):
+        parser.error(f"RUNS_DIR must be a folder, got {args.runs_dir!r}")
+    found = figures(args.runs_dir)
+    if not found:
+        sys.exit(f"error: no finished held_<method>_s<seed>/ run folder in {args.runs_dir}")
+    return table(found)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
