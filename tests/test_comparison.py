@@ -173,20 +173,6 @@ def test_a_plan_records_the_commit_it_started_at():
     assert source_commit() in (head, head + "+changes")
 
 
-def test_the_docs_table_of_search_spaces_is_the_methods_declarations():
-    """docs/compare.md types each method's declared setting and values: they must be the
-    ``Setting(search=...)`` of its class, and every method must have its row."""
-    from caco_tf.methods import METHODS
-
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "compare.md")) as handle:
-        rows = re.findall(r"^\| `(\w+)` \| `(\w+)`: ([^|]+) \|$", handle.read(), re.M)
-    typed = {name: (key, [float(v) for v in values.split(",")]) for name, key, values in rows}
-    declared = {name: [(key, [float(v) for v in setting.search])
-                       for key, setting in cls.SETTINGS.items() if setting.search]
-                for name, cls in METHODS.items() if cls.SETTINGS_OF is None}
-    assert typed == {name: found[0] for name, found in declared.items() if found}
-
-
 def test_banks_and_queues_are_fitted_to_the_images(budget):
     assert trials.fitted_rows("caco", budget, 4000) == []  # 1,024 rows fit 4,000 images
     assert trials.fitted_rows("caco", budget, 300) == ["method.caco.bank_size=256"]
@@ -638,7 +624,9 @@ def test_runs_spread_over_two_workers_a_killed_one_resumes_its_run(tmp_path):
     again = start("tuner0", logs["again"])
     assert again.wait(timeout=600) == 0, logs["again"].read_text()
     assert second.wait(timeout=600) == 0, logs["tuner1"].read_text()
-    assert chief.wait(timeout=120) == 0, logs["chief"].read_text()
+    # The chief measures the baselines and writes the report after the last run: on a loaded
+    # machine (two test workers and a training) that took more than 120 s.
+    assert chief.wait(timeout=600) == 0, logs["chief"].read_text()
     started = [line for line in logs["again"].read_text().splitlines() if ": training" in line]
     assert started[0].startswith(f"{killed_key}: training"), started  # its own run back first
     state = measured(out)
