@@ -60,7 +60,11 @@ SLOWEST_FIRST = ["test_comparison.py", "test_distributed.py",
 # Tests that xdist hands out one by one rather than with their module (--dist loadfile keeps a
 # module on one worker, for its module fixtures): each runs a script of its own, they share no
 # fixture, and together they take minutes.
-SPREAD = ("test_benchmarks.py::test_a_script_runs_in_its_tiny_mode[",)
+SPREAD = ("test_benchmarks.py::test_a_script_runs_in_its_tiny_mode[",
+          # test_comparison.py's two longest (540 s and 257 s unloaded, 2026-12-02), so that
+          # they and the rest of their module may go to different workers
+          "test_comparison.py::test_a_comparison_stopped_by_sigterm_continues",
+          "test_comparison.py::test_runs_spread_over_two_workers_a_killed_one")
 
 
 def pytest_collection_modifyitems(items):
