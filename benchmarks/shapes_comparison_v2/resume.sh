@@ -3,14 +3,21 @@
 # working folder is gone (a new machine, a restart): bash resume.sh [WORK]
 #   WORK: the working folder (default /work/shapes_v2); FROZEN: the frozen commit's worktree
 #   (default /work/frozen).  Stop it with SIGTERM; run it again to continue.
+# The frozen commit is one of main's: a tag or a side branch does not survive a new checkout
+# (the first frozen commit, 8f97c8a, was lost so; README.md says how its successor was checked).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 work=${1:-/work/shapes_v2}
 frozen=${FROZEN:-/work/frozen}
-if [ ! -d "$frozen" ]; then  # the commit the plan names (plan.json "commit")
-    git -C "$repo" worktree add --detach "$frozen" shapes-comparison-frozen 2>/dev/null \
-        || git -C "$repo" worktree add --detach "$frozen" comparison-frozen
+commit=7335921
+if [ ! -d "$frozen" ]; then
+    git -C "$repo" worktree add --detach "$frozen" "$commit"
+fi
+at=$(git -C "$frozen" rev-parse --short=7 HEAD)
+if [ "$at" != "$commit" ]; then
+    echo "error: $frozen is at $at, not the frozen commit $commit: remove it (git worktree remove)" >&2
+    exit 2
 fi
 if [ ! -f "$work/plan.json" ]; then  # docs/compare.md's recovery: plan, state, splits, runs
     mkdir -p "$work"
