@@ -81,8 +81,10 @@ def test_a_keras_hub_backbone_pre_trains(method):
     assert moved(model, before)
 
 
+# AdamW in the fast tier (its sparse-gradient fix); SGD's and LARS's share its path.
 @pytest.mark.parametrize("optimizer", [
-    ["train.optimizer=sgd"], ["train.optimizer=lars"],
+    pytest.param(["train.optimizer=sgd"], marks=pytest.mark.slow),
+    pytest.param(["train.optimizer=lars"], marks=pytest.mark.slow),
     ["train.optimizer=adamw", "train.clip_gradient_norm=1.0", "train.weight_decay_end=0.4"]],
     ids=["sgd", "lars", "adamw"])
 def test_every_optimizer_trains_a_keras_hub_vit(optimizer):
@@ -159,6 +161,7 @@ def test_a_preset_the_export_command_wrote_pre_trains_again(exported_preset):
     assert moved(model, before)
 
 
+@pytest.mark.slow
 def test_a_fresh_process_loads_the_preset(exported_preset):
     # As caco-train's: a process that never imported caco_tf.serving.hub, the preset's writer.
     import launch

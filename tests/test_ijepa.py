@@ -204,6 +204,7 @@ def test_its_known_collapse_is_constant_target_tokens():
     assert not model.judged(EpochCount(2, 0, 10)) and model.judged(epoch)
 
 
+@pytest.mark.slow
 def test_a_tiny_fit_on_the_digits_through_the_pipeline():
     """The offline recipe at tiny sizes: the masks come with the view, the loss is finite and
     the target tokens are far from constant."""

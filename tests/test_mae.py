@@ -137,6 +137,7 @@ def test_its_known_failure_is_a_flat_reconstruction(model):
     assert is_collapsed({"rank_embedding": 1.02}).startswith("the embeddings' effective rank")
 
 
+@pytest.mark.slow
 def test_a_tiny_fit_on_the_digits_through_the_pipeline_and_the_figure(tmp_path):
     """The offline recipe at tiny sizes: the masks come with the views, the loss falls."""
     import keras

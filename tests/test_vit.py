@@ -262,7 +262,9 @@ def _adamw():
 CLIPS = {"moco_v3": 0.05, "dino": 0.0}
 
 
-@pytest.mark.parametrize("method", ["moco_v3", pytest.param("dino", marks=pytest.mark.slow)])
+# A ViT is a backbone, not a method family: the fast tier has a replica row per family.
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["moco_v3", "dino"])
 def test_a_vit_trains_alike_on_one_two_and_four_replicas(method):
     from test_methods_at_scale import _step
     from tiny_methods import tiny
@@ -316,6 +318,7 @@ def test_a_vit_stopped_by_sigterm_resumes_bit_for_bit(method, tmp_path):
 
 
 # ------------------------------------------------------------------ caco-figures attention
+@pytest.mark.slow
 def test_the_attention_command_writes_each_images_maps_and_a_sheet(tmp_path, capsys):
     from PIL import Image
 
