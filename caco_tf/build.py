@@ -122,15 +122,20 @@ def check_backbone(plan, model):
     method, backbone = plan.method, model.backbone
     if method.CONSUMES != "tokens":
         return
-    preset = hub.is_hub_backbone(backbone) and sizes.preset_class(
-        backbone[len(hub.PREFIX):]) == hub.DINOV2
-    if backbone not in sizes.VIT_SHAPES and not preset:
+    if not gives_tokens(backbone):
         raise ConfigError(tokens.tokens_refusal(method.method, backbone))
     for option, value in getattr(method, "VIT_OPTIONS", {}).items():
         if getattr(model, option) != value:
             raise ConfigError(f"method {method.method} needs model.{option} "
                               f"{str(value).lower()}, got {getattr(model, option)}: set "
                               f"--set model.{option}={str(value).lower()}")
+
+
+def gives_tokens(backbone):
+    """Whether ``model.backbone`` ``backbone`` is a ViT whose tokens a method can take: a
+    ``vit_*`` preset, or a KerasHub ``DINOV2Backbone`` preset (which becomes one)."""
+    return backbone in sizes.VIT_SHAPES or (hub.is_hub_backbone(backbone) and sizes.preset_class(
+        backbone[len(hub.PREFIX):]) == hub.DINOV2)
 
 
 def batch_cautions(plan):

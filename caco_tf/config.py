@@ -658,7 +658,8 @@ def _validate(config):
                           f"or data.views_on_device false")
     if model["widths"] is not None and model["backbone"] != "small_convnet":
         raise ConfigError(f"model.widths applies to small_convnet only, not to "
-                          f"model.backbone {model['backbone']}")
+                          f"model.backbone {model['backbone']}: remove it (--set "
+                          f"model.widths=null)")
     _check_vit(model)
     _check_image_sizes(data, model)
     if (data["views"] == "digits" and data["source"] in ("mnist", "mnist_validation")

@@ -3,7 +3,8 @@
 Each marker in a page becomes a table: ``<!-- configuration-reference -->`` every configuration
 key, its default, what it accepts and what it does (``SETTINGS`` in ``caco_tf/config.py``);
 the methods' tables, from what each method class declares (its ``DOCS_ROW``, ``SETTINGS``,
-``COLLAPSE_ADVICE``, ``CROPS``, ``CONSUMES``: a new method's file adds its rows):
+``COLLAPSE_ADVICE``, ``CROPS``, ``CONSUMES``, ``AUTHORS_VIEWS``: a new method's file adds its
+rows):
 ``<!-- methods-table -->`` docs/methods.md's (``caco_tf.methods.docs_table``),
 ``<!-- method-classes -->`` the API reference of every registered method's class,
 ``<!-- method-names-table -->`` and ``<!-- method-recipes-table -->`` docs/getting-started.md's
@@ -157,16 +158,31 @@ def collapse_table():
 
 
 def search_table():
-    """docs/compare.md's table: the values of each comparison method's searched settings."""
-    from caco_tf.comparison.trials import comparison_methods
+    """docs/compare.md's table: the values of each comparison method's searched settings, and
+    the views it trains on (its authors', ``AUTHORS_VIEWS``, else the budget's); the default
+    methods, then those of a ViT's tokens."""
+    from caco_tf.comparison.trials import comparison_methods, vit_methods
     from caco_tf.methods import METHODS
 
-    lines = ["| method | the setting it declares for a comparison |", "|---|---|"]
-    for name in comparison_methods():
+    lines = ["| method | the setting it declares for a comparison | its views |", "|---|---|---|"]
+    for name in comparison_methods() + vit_methods():
         searched = [f"`{key}`: {_values(setting.search)}"
                     for key, setting in METHODS[name].SETTINGS.items() if setting.search]
-        lines.append(f"| `{name}` | {'; '.join(searched) or '–'} |")
+        lines.append(f"| `{name}` | {'; '.join(searched) or '–'} | "
+                     f"{_authors_views(METHODS[name].AUTHORS_VIEWS)} |")
     return "\n".join(lines)
+
+
+def _authors_views(declared):
+    """A method's ``AUTHORS_VIEWS`` in words: ``crop_flip`` (crop_scale 0.2-1)."""
+    if declared is None:
+        return "the budget's"
+    shown = [f"{key.rsplit('.', 1)[-1]} " + (f"{_number(value[0])}-{_number(value[1])}"
+                                             if isinstance(value, list) else f"{value}")
+             for key, value in declared.settings.items()]
+    if declared.local_share:
+        shown.append(f"local side {declared.local_share:.2g} of the image's")
+    return f"`{declared.views}` ({', '.join(shown)})" if shown else f"`{declared.views}`"
 
 
 def _values(values):

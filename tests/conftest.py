@@ -52,7 +52,7 @@ tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 # the end.  The other modules follow in their usual order.  The benchmark scripts' tiny modes
 # (one test each, each its own unit: below) come after the long modules, shorter units that
 # even out the two workers' ends.
-SLOWEST_FIRST = ["test_comparison.py", "test_distributed.py",
+SLOWEST_FIRST = ["test_comparison.py", "test_compare_vit.py", "test_distributed.py",
                  "test_data_service.py", "test_train_cli.py",
                  "test_long_run_faults.py", "test_augment.py", "test_user_data.py",
                  "test_keras_citizen.py", "test_torch_import.py", "test_data.py",

@@ -262,6 +262,24 @@ def test_no_method_named_is_refused_as_none(methods, tmp_path, capsys):
         "error: --methods: unknown (none given); choose from caco, ")
 
 
+@pytest.mark.parametrize("budget, extra", [("mnist", " --set model.pool_grid=1"),
+                                           ("shapes", " --set model.widths=null")])
+def test_a_vit_method_on_a_convnet_budget_is_one_line_that_says_what_to_pass(
+        budget, extra, tmp_path, capsys):
+    """Every method of a ViT's tokens named is refused at once, before anything is written;
+    what the line says to pass is enough for the command to plan."""
+    argv = ["--config", budget, "--data", "mnist", "--methods", "mae,byol,ijepa", "--out",
+            str(tmp_path / "c")]
+    line = one_error(capsys, argv)
+    assert line == (f"error: --methods mae, ijepa: they work on a Vision Transformer's patch "
+                    f"tokens, and the budget's model.backbone small_convnet has none: pass "
+                    f"--backbone vit_micro_patch4{extra} (or another ViT preset: docs/vit.md)")
+    assert not os.listdir(tmp_path)
+    advice = line.split(": pass ")[1].split(" (or ")[0].split()
+    arguments = compare_cli.arguments_of(compare_cli.parse_args(argv + advice))
+    assert "model.backbone=vit_micro_patch4" in arguments["settings"]
+
+
 # ---------------------------------------------------------------------- --publish
 def test_publish_reads_markers_on_their_own_lines_only_and_is_idempotent(finished, tmp_path):
     folder = report.write(finished)

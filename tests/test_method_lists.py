@@ -22,7 +22,7 @@ import yaml
 
 import caco_tf
 from caco_tf import build, config, methods
-from caco_tf.comparison.trials import comparison_methods
+from caco_tf.comparison.trials import comparison_methods, vit_methods
 from caco_tf.methods.base import Method
 from caco_tf.run_settings import RunSettings
 from caco_tf.settings import Setting, number
@@ -161,7 +161,7 @@ def test_healths_table_is_generated_for_every_method_with_its_own_collapse_advic
 
 def test_compares_search_table_is_generated_from_each_methods_declared_search():
     rows = generated(SEARCH_TABLE)
-    same({name for row in rows for name in named(row[0])}, comparison_methods(),
+    same({name for row in rows for name in named(row[0])}, comparison_methods() + vit_methods(),
          "docs/compare.md's search table")
     for row in rows:
         (method,) = named(row[0])
@@ -171,6 +171,8 @@ def test_compares_search_table_is_generated_from_each_methods_declared_search():
                  re.findall(r"`(\w+)`: ([\d., ]+[\d])", row[1])]
         assert shown == [(key, tuple(float(v) for v in values)) for key, values in declared], \
             method
+        views = METHODS[method].AUTHORS_VIEWS  # its authors' views, else the budget's
+        assert row[2].startswith(f"`{views.views}`" if views else "the budget's"), method
 
 
 # ------------------------------------------------- written by a command, checked against it
@@ -259,7 +261,8 @@ def test_a_new_method_gains_its_row_in_every_generated_table(monkeypatch):
     rows = {tuple(row) for row in generated(COLLAPSE_TABLE)}
     assert ("Unlisted (`unlisted`)", "its own failure",
             "raise `method.unlisted.temperature`") in rows
-    assert ["`unlisted`", "`temperature`: 0.05, 0.1, 0.2"] in generated(SEARCH_TABLE)
+    assert ["`unlisted`", "`temperature`: 0.05, 0.1, 0.2", "the budget's"] in generated(
+        SEARCH_TABLE)
     assert ["Unlisted", "`unlisted`", "its own target"] in table(
         hooks().readme_methods_table(), README_TABLE)
     assert any(row[0] == "`unlisted`" for row in table(

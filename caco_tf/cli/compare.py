@@ -42,13 +42,16 @@ def parse_args(argv):
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="the shared budget: a shipped configuration's name or a YAML file "
                              "(default: shapes)")
-    parser.add_argument("--methods", help="comma-separated methods (default: every method)")
+    parser.add_argument("--methods", help="comma-separated methods (default: every method of "
+                                          "a ConvNet; those of a ViT's tokens when named, "
+                                          "with --backbone vit_micro_patch4)")
     budget = parser.add_argument_group("the shared budget (every method alike)")
     budget.add_argument("--epochs", type=int, help="train.epochs of every run")
     budget.add_argument("--batch-size", type=int, help="train.batch_size of every run")
     budget.add_argument("--image-size", type=int, help="data.image_size of every run")
     budget.add_argument("--backbone", help="model.backbone of every run")
-    budget.add_argument("--views", help="data.views of every run")
+    budget.add_argument("--views", help="data.views of every run (default: the budget's; a "
+                                        "method that declares its authors' views takes those)")
     budget.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any other setting of every run")
     plan = parser.add_argument_group("trials, seeds and splits")
@@ -124,7 +127,8 @@ def arguments_of(args):
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
         raise ConfigError(f"--methods: unknown {', '.join(unknown) or '(none given)'}; "
-                          f"choose from {', '.join(every)}")
+                          f"choose from {', '.join(every)}, or on a ViT "
+                          f"{', '.join(trials.vit_methods())}")
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--methods names a method twice: {args.methods}")
     for name, value, low in (("--trials", args.trials, 1), ("--seeds", args.seeds, 1),
@@ -181,6 +185,7 @@ def arguments_of(args):
                  "few_label_draws": args.few_label_draws,
                  "few_label_epochs": args.few_label_epochs}
     config = runner.budget_config(arguments)  # one line for a bad setting, now
+    runner.check_backbone(methods, config)
     most = trials.max_trials(methods, config)
     if args.trials > most:
         raise ConfigError(f"--trials must be at most {most}: each method's search space holds "
@@ -293,6 +298,8 @@ def describe(comparison, seconds):
         f"({', '.join(methods)}) on {arguments['data']}",
         f"  budget: --config {arguments['config']} {' '.join(arguments['settings'])}".rstrip()
         + f" ({plan['epochs']} epochs, batch {plan['batch_size']})",
+    ] + [f"  {method}'s own, after the budget's: {' '.join(comparison.own_settings(method))}"
+         for method in methods if comparison.own_settings(method)] + [
         f"  splits: {images['tune']:,} training + {images['validation']:,} validation images "
         f"for {arguments['trials']} trial(s) a method, then {images['train']:,} training "
         f"images x {arguments['seeds']} seed(s), measured on {images['test']:,} test images",

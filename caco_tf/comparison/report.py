@@ -514,7 +514,8 @@ def document(comparison, plots):
         f"once per seed on {images['test']:,} test images, which choose nothing. Shared budget: "
         + " ".join([f"`--config {arguments['config']}`"]
                    + [f"`{s}`" for s in arguments["settings"]])
-        + f" ({plan['epochs']} epochs, batch {plan['batch_size']}). Each method had "
+        + f" ({plan['epochs']} epochs, batch {plan['batch_size']}). "
+        + own_settings_sentence(comparison) + "Each method had "
         f"{arguments['trials']} trial(s) from its search space (below), chosen by validation "
         f"kNN top-1. Figures: mean over seeds [95 % t interval], %."))]
     header = ["method", "chosen trial", "seeds"] + [
@@ -536,7 +537,7 @@ def document(comparison, plots):
         health = row["health"]
         ranks = [h[0] for h in health if h[0] is not None]
         spreads = [h[1] for h in health if h[1] is not None]
-        health_cell = (f"{_mean(ranks):.1f} · {_mean(spreads):.2f} · "
+        health_cell = (f"{_mean_text(ranks, '.1f')} · {_mean_text(spreads, '.2f')} · "
                        f"{sum(h[2] for h in health)} of {len(health)}") if health else "–"
         seeds = ", ".join(map(str, sorted(row["seeds"]))) or "–"
         if row.get("failed"):
@@ -654,8 +655,28 @@ def document(comparison, plots):
     return blocks
 
 
+def own_settings_sentence(comparison):
+    """Which methods trained on their authors' views instead of the budget's, and each method's
+    settings after the budget's (``Comparison.own_settings``), as a sentence; '' without."""
+    own = {m: comparison.own_settings(m) for m in comparison.plan["arguments"]["methods"]}
+    own = {method: settings for method, settings in own.items() if settings}
+    if not own:
+        return ""
+    views = [m for m, settings in own.items() if any(s.startswith("data.views=") for s in settings)]
+    return ((f"Trained on their authors' views, not the budget's: {', '.join(views)}. "
+             if views else "") + "Settings of a method's own, after the budget's: "
+            + "; ".join(f"{m} " + ", ".join(f"`{s}`" for s in settings)
+                        for m, settings in own.items()) + ". ")
+
+
 def _mean(values):
     return sum(values) / len(values) if values else math.nan
+
+
+def _mean_text(values, spec):
+    """The mean of ``values`` formatted, or – where none was measured (a method of one view
+    logs no uniformity)."""
+    return format(_mean(values), spec) if values else "–"
 
 
 # ---------------------------------------------------------------------- rendering

@@ -123,6 +123,7 @@ class Comparison:
         pinned = source_fingerprint(arguments, config)
         counts = self._write_splits(arguments, config)
         fitted = {m: trials_lib.fitted_rows(m, config, counts["tune"]) for m in methods}
+        own = {m: trials_lib.own_settings(m, config, arguments["settings"]) for m in methods}
         drawn = {m: trials_lib.draw_trials(m, config, arguments["trials"], arguments["seed"])
                  for m in methods}
         self.plan = {
@@ -134,7 +135,7 @@ class Comparison:
                               for m in methods},
             "trials": {m: designed for m, (designed, _) in drawn.items()},
             "spares": {m: spares for m, (_, spares) in drawn.items()},
-            "fitted": fitted, "images": counts,
+            "own_settings": own, "fitted": fitted, "images": counts,
             "epochs": config["train"]["epochs"], "batch_size": config["train"]["batch_size"],
             "source": pinned, "knn_k": config["evaluation"]["knn_k"],
             "knn_temperature": config["evaluation"]["knn_temperature"],
@@ -211,11 +212,17 @@ class Comparison:
         """The ``--set`` assignments of one run, after the comparison's shared ones."""
         data, held_out = ("train", "test") if final else ("tune", "validation")
         return (list(self.plan["arguments"]["settings"])
-                + [f"method.name={method}"] + self.plan["fitted"][method]
+                + [f"method.name={method}"] + self.own_settings(method)
+                + self.plan["fitted"][method]
                 + trials_lib.assignments(self.trial_point(method, trial))
                 + [f"data.source=split:{self.split(data)}",
                    f"data.held_out=split:{self.split(held_out)}",
                    f"train.seed={seed}", f"data.seed={seed}"] + self.curve_settings())
+
+    def own_settings(self, method):
+        """What ``method`` trains with after the budget's settings (``trials.own_settings``:
+        its authors' views, the ViT options it needs); none in a plan written before them."""
+        return self.plan.get("own_settings", {}).get(method, [])
 
     def curve_settings(self):
         """The learning curve every run records: each ``curve_every`` epochs, the kNN top-1 of
@@ -414,6 +421,24 @@ def budget_config(arguments):
     method = [f"method.name={arguments['methods'][0]}"] if arguments.get("methods") else []
     return load_config(arguments["config"], arguments["settings"] + method
                        + [f"data.source={arguments['data']}"])
+
+
+def check_backbone(methods, config):
+    """Methods of a ViT's tokens (``CONSUMES``) on a budget whose backbone has none are refused
+    in one line naming them all, before anything is written."""
+    from caco_tf.build import gives_tokens
+
+    model = config["model"]
+    needing = [m for m in methods if m in trials_lib.vit_methods()]
+    if needing and not gives_tokens(model["backbone"]):
+        works = "they work" if len(needing) > 1 else "it works"
+        # What the budget's ConvNet declares and a ViT refuses goes too.
+        extra = ((" --set model.widths=null" if model["widths"] is not None else "")
+                 + (" --set model.pool_grid=1" if model["pool_grid"] != 1 else ""))
+        raise ConfigError(f"--methods {', '.join(needing)}: {works} on a Vision Transformer's "
+                          f"patch tokens, and the budget's model.backbone {model['backbone']} "
+                          f"has none: pass --backbone vit_micro_patch4{extra} (or another ViT "
+                          f"preset: docs/vit.md)")
 
 
 def source_fingerprint(arguments, config):

@@ -16,16 +16,23 @@ import json
 import random
 
 from caco_tf.methods import METHODS
+from caco_tf.nets.sizes import VIT_SHAPES
 
 LEARNING_RATE_FACTORS = (1 / 3, 1.0, 3.0)
 
 
 def comparison_methods():
-    """The methods a comparison trains: every registered method but CaCo's ablation rows
-    (variants of CaCo's loss, which read its settings) and the methods of a ViT's tokens
-    (``CONSUMES``: the comparisons' budgets train ConvNets)."""
+    """The methods a comparison trains unless ``--methods`` names others: every registered
+    method but CaCo's ablation rows (variants of CaCo's loss, which read its settings) and the
+    methods of a ViT's tokens (``vit_methods``: the default budgets train ConvNets)."""
     return [name for name, cls in METHODS.items()
             if not cls.SETTINGS_OF and cls.CONSUMES == "features"]
+
+
+def vit_methods():
+    """The methods of a ViT's tokens (``CONSUMES``), which a comparison trains when named, on a
+    ViT budget."""
+    return [name for name, cls in METHODS.items() if cls.CONSUMES == "tokens"]
 
 
 def search_space(method, config):
@@ -90,6 +97,18 @@ def fitted_rows(method, config, images):
         if setting.rows and value and value > filled:
             fitted.append(f"method.{section}.{key}={1 << (max(filled, 1).bit_length() - 1)}")
     return fitted
+
+
+def own_settings(method, config, typed):
+    """Assignments ``method`` trains with after the budget ``config``'s: the views its authors
+    use (``AUTHORS_VIEWS``), unless ``typed`` (the user's assignments, ``--views`` and ``--set``)
+    names ``data.views``, which then holds for every method as typed; and the ViT options it
+    needs (``VIT_OPTIONS``: DINOv2's mask token).  A setting in ``typed`` stays the user's."""
+    cls, keys = METHODS[method], {assignment.split("=", 1)[0].strip() for assignment in typed}
+    patch = VIT_SHAPES.get(config["model"]["backbone"], (1,))[0]
+    own = {} if "data.views" in keys else cls.authors_views(config["data"]["image_size"], patch)
+    own.update({f"model.{key}": value for key, value in getattr(cls, "VIT_OPTIONS", {}).items()})
+    return assignments({key: value for key, value in own.items() if key not in keys})
 
 
 def budget_learning_rate(config):

@@ -26,6 +26,10 @@ The masks it takes with its views (``view_masks``: ``caco_tf.data.masks``' kinds
 batch after the crops, drawn per image from the views' seed; the step hands them to
 ``targets`` and ``forward`` as ``masks``.
 
+A method may declare the views its authors train with (``AUTHORS_VIEWS``), which a
+comparison gives it in place of the budget's (``caco_tf.comparison.trials.own_settings``); a
+method that declares none trains on the budget's.
+
 A method may offer a warm-up that runs before its own steps (``WARMUP``: the bank warm-up,
 ``bank_warmup.BankWarmup``, a part it opts into as it opts into a momentum teacher), switched
 on by ``warmup_steps``.
@@ -49,6 +53,12 @@ Objective = collections.namedtuple("Objective", "loss gradients diagnostics")
 # global ones (``local``: multi-crop, ``data.views multicrop``).
 Crops = collections.namedtuple("Crops", "views local")
 
+# The views a method's authors train with: ``data.views`` and the other ``data`` settings that
+# shape them ({"crop_scale": [0.2, 1.0]}); ``local_share``: multi-crop's local crops' side as a
+# share of the image's (DINOv2's 98 of 224 px), since no fixed side fits every budget's images.
+AuthorsViews = collections.namedtuple("AuthorsViews", "views settings local_share",
+                                      defaults=({}, None))
+
 
 class Algorithm:
     """What a method declares and the hooks of its step (the module docstring): the part of
@@ -64,6 +74,7 @@ class Algorithm:
     PROJECTOR = {}                 # the projector's shape (nets.backbones.build_mlp; CaCo's)
     CROPS = Crops(views=2, local=False)  # the crops it takes (``Crops``)
     CONSUMES = "features"          # "features" (pooled, any backbone) or "tokens" (a ViT's)
+    AUTHORS_VIEWS = None           # the views its authors use (``AuthorsViews``), or None
     EXACT_GRADIENT = False         # gives d loss / d outputs itself (``objective``)
     DIAGNOSTICS = ()               # scalar diagnostics of ``method_loss``, averaged per epoch
     BATCH_MATRIX = None            # a D x D matrix it estimates from the batch (its name)
@@ -100,6 +111,20 @@ class Algorithm:
         if isinstance(views, int):
             return views
         return (settings or {}).get(views, cls.SETTINGS[views].default)
+
+    @classmethod
+    def authors_views(cls, image_size, patch=1):
+        """{dotted setting: value} of the views its authors train with (``AUTHORS_VIEWS``) on
+        images of ``image_size`` px: multi-crop's local side its share of the image, in whole
+        patches of ``patch`` px (a ViT's grid drops a part of one); {} without a declaration."""
+        if cls.AUTHORS_VIEWS is None:
+            return {}
+        views = {"data.views": cls.AUTHORS_VIEWS.views,
+                 **{f"data.{key}": value for key, value in cls.AUTHORS_VIEWS.settings.items()}}
+        if cls.AUTHORS_VIEWS.local_share:
+            views["data.multicrop.local_size"] = max(
+                patch, int(image_size * cls.AUTHORS_VIEWS.local_share) // patch * patch)
+        return views
 
     @classmethod
     def view_masks(cls, settings=None):

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from caco_tf import health
 from caco_tf.methods import old_files, online_probe
-from caco_tf.methods.algorithm import Algorithm, Crops, Objective
+from caco_tf.methods.algorithm import Algorithm, AuthorsViews, Crops, Objective
 from caco_tf.methods.momentum_encoder import UNIT_LAYER
 from caco_tf.methods.summary import parts_table
 from caco_tf.training import distribute, steps
@@ -42,8 +42,9 @@ Phase = collections.namedtuple("Phase", "first_step hooks frozen on_enter")
 COMMON_ARGUMENTS = ("warmup_steps", "online_probe_classes", "multi_crop", "sync_batchnorm",
                     "preprocessing", "run_settings")
 
-# A method's file takes the types of its declarations (Crops, Objective) from here too.
-__all__ = ["COMMON_ARGUMENTS", "Crops", "Method", "Objective", "Phase"]
+# A method's file takes the types of its declarations (Crops, AuthorsViews, Objective) from
+# here too.
+__all__ = ["COMMON_ARGUMENTS", "AuthorsViews", "Crops", "Method", "Objective", "Phase"]
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")

@@ -10,7 +10,7 @@ import tensorflow as tf
 from caco_tf import losses
 from caco_tf.data.masks import box_masks
 from caco_tf.errors import ConfigError
-from caco_tf.methods.base import Crops, Method
+from caco_tf.methods.base import AuthorsViews, Crops, Method
 from caco_tf.methods.dino import UNIFORM
 from caco_tf.methods.momentum_encoder import UNIT_LAYER
 from caco_tf.methods.state import RunningMean
@@ -162,6 +162,12 @@ class DINOv2(Method):
     HEADS = ("last_layer", "ibot_mlp", "ibot_last_layer")
     TEACHER_HEADS = ("last_layer",)  # iBOT's own head has its own EMA copy (ibot_teacher)
     CROPS = Crops(views=2, local=True)
+    # crops.*: 2 global crops of 32-100 % of the image, 8 local crops of 5-32 % at 98 px of
+    # 224 (vitl14.yaml's local_crops_size; SwAV's multi-crop views here, as the recipe's).
+    AUTHORS_VIEWS = AuthorsViews("multicrop", {"multicrop.local_crops": 8,
+                                               "multicrop.global_scale": [0.32, 1.0],
+                                               "multicrop.local_scale": [0.05, 0.32]},
+                                 local_share=98 / 224)
     PROJECTOR = dict(layers_count=3, bias=True, hidden_batchnorm=False, activation="gelu")
     DIAGNOSTICS = ("dino_loss", "ibot_loss", "koleo_loss", "teacher_entropy",
                    "patch_teacher_entropy")

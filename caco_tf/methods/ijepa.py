@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from caco_tf.data.masks import block_boxes, box_masks
-from caco_tf.methods.base import Crops, Method
+from caco_tf.methods.base import AuthorsViews, Crops, Method
 from caco_tf.methods.mae import mae_sincos_positions
 from caco_tf.nets import tokens, vit
 from caco_tf.settings import Setting, choice, integer, number, span
@@ -327,6 +327,9 @@ class IJEPA(Method):
     TEACHER_NAME = "target encoder"
     HEADS = ("predictor",)
     CROPS = Crops(views=1, local=False)
+    # make_transforms as its configs call it: RandomResizedCrop(scale=(0.3, 1.0)), no flip,
+    # colour or blur.
+    AUTHORS_VIEWS = AuthorsViews("crop", {"crop_scale": [0.3, 1.0]})
     PROJECTOR = dict(layers_count=1, hidden_batchnorm=False)
     DIAGNOSTICS = ("target_std",)
     DOCS_ROW = {"state": "–", "global batch": "–",

@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from caco_tf.data.masks import RandomMasks, kept_count
-from caco_tf.methods.base import Crops, Method
+from caco_tf.methods.base import AuthorsViews, Crops, Method
 from caco_tf.nets import tokens, vit
 from caco_tf.settings import Setting, boolean, integer, number
 
@@ -139,6 +139,8 @@ class MAE(Method):
     CONSUMES = "tokens"
     HEADS = ("decoder",)
     CROPS = Crops(views=1, local=False)
+    # main_pretrain.py: RandomResizedCrop(scale=(0.2, 1.0)) and a horizontal flip, nothing else.
+    AUTHORS_VIEWS = AuthorsViews("crop_flip", {"crop_scale": [0.2, 1.0]})
     PROJECTOR = dict(layers_count=1, hidden_batchnorm=False)
     DIAGNOSTICS = ("relative_loss",)
     # Its projector is not trained, and the class token of a working MAE has an effective rank
