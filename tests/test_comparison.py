@@ -264,7 +264,7 @@ def test_the_linear_protocols_cost_counts_every_fit_of_its_cross_validation():
     assert runner.linear_seconds(unit, 1000, 500, epochs=10) == 25 * 10 * 4 + 10 * 4
     assert runner.linear_seconds(dict(unit, step_seconds=0.0, fit_seconds=1.0,
                                       epoch_seconds=0.5, image_seconds=0.01),
-                                 1000, 500, epochs=10) == 26 + 26 * 10 * 0.5 + 15
+                                 1000, 500, epochs=10) == 26 + 15  # epochs in one pass
 
 
 def test_the_estimate_counts_what_is_left_evaluations_included(tmp_path):
@@ -542,6 +542,9 @@ def test_a_comparison_stopped_by_sigterm_continues_with_nothing_measured_twice(t
     assert all(entry["machines"] == [machine()] for entry in state.values())  # where measured
     finals = [e for k, e in state.items() if k.startswith("final/")]
     assert all("linear_top1" in e and "few_label_top1" in e for e in finals)
+    # The probes read the checkpoint: no run wrote model.keras or a SavedModel.
+    assert all("train.export=false" in entry["command"] for entry in state.values())
+    assert not list(out.glob("runs/*/*/*/model.keras")) + list(out.glob("runs/*/*/*/saved_model"))
     text = (out / "report" / "report.md").read_text()
     assert "| caco | 0: `" in text or "| caco | 1: `" in text  # its chosen trial
     pixels = json.loads((out / "baselines" / "pixels_knn.json").read_text())

@@ -215,6 +215,31 @@ def test_steps_in_one_graph_call_train_the_same_weights(monkeypatch):
         np.testing.assert_array_equal(one, three)
 
 
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-3])
+def test_a_head_reused_between_fits_trains_as_a_fresh_one_to_the_bit(weight_decay):
+    """``HeadFits``' one head, reset before each fit, ends each fit with the weights and the
+    scores of a new ``linear_head`` compiled afresh, to the bit: λ = 0 (no penalty term at all
+    on the fresh head) and λ > 0, fits of other lengths, one after another."""
+    features, labels = weak_dense_signal(90, dims=12)
+    fit = dict(epochs=3, batch_size=20, learning_rate=0.1, momentum=0.9,
+               weight_decay=weight_decay)
+    fits = linear.HeadFits(12, 2, True, 0.1, 0.9, weight_decay)
+    for l2, rows in ((0.0, 90), (0.01, 60), (0.0, 70)):
+        trained = []
+        for reuse in (False, True):
+            keras.utils.set_random_seed(0)
+            head = fits.fresh(l2) if reuse else linear.linear_head(12, 2, l2=l2)
+            linear._train(head, linear.feature_batches(features[:rows], labels[:rows], 20,
+                                                       shuffle_seed=0),
+                          rows, fits=fits if reuse else None, **fit)
+            scores = linear._test(head, linear.feature_batches(features, labels, 20))
+            trained.append(([w.numpy() for w in head.weights], scores))
+        (fresh, fresh_scores), (reused, reused_scores) = trained
+        assert reused_scores == fresh_scores, l2
+        for a, b in zip(fresh, reused, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.slow
 def test_auto_l2_is_chosen_on_the_training_split_alone():
     train = data.ArraySource(*blob_images(120, 8, seed=0))

@@ -35,11 +35,12 @@ ENTRY = "comparison.json"  # in each run's folder: what was measured of that run
 # What defines a comparison: a re-run that differs in one of these is another comparison.
 PLAN_KEYS = ("config", "data", "labels", "settings", "methods", "trials", "seeds", "seed",
              "few_labels", "validation_fraction", "test_fraction", "linear_epochs",
-             "curve_every", "curve_images", "few_label_draws", "few_label_epochs")
+             "curve_every", "curve_images", "few_label_draws", "few_label_epochs", "export_runs")
 # Arguments plans gained after they were first written: {key: (what a plan without it meant,
 # a new plan's default)}.  A command that leaves one unset (None) takes its plan's.
 LATER_ARGUMENTS = {"curve_every": (0, 1), "curve_images": (None, [2000, 1000]),
-                   "few_label_draws": (None, 5), "few_label_epochs": (None, None)}
+                   "few_label_draws": (None, 5), "few_label_epochs": (None, None),
+                   "export_runs": (True, False)}
 
 
 class Comparison:
@@ -217,7 +218,15 @@ class Comparison:
                 + trials_lib.assignments(self.trial_point(method, trial))
                 + [f"data.source=split:{self.split(data)}",
                    f"data.held_out=split:{self.split(held_out)}",
-                   f"train.seed={seed}", f"data.seed={seed}"] + self.curve_settings())
+                   f"train.seed={seed}", f"data.seed={seed}"] + self.curve_settings()
+                + self.export_settings())
+
+    def export_settings(self):
+        """No ``model.keras`` or SavedModel in a run's folder: its probes read the checkpoint,
+        and a comparison of ResNet-50s would write 96 of each (``caco-export --run RUN`` makes
+        them); a plan written before exported them, and its runs still do."""
+        exported = self.plan["arguments"].get("export_runs", LATER_ARGUMENTS["export_runs"][0])
+        return [] if exported else ["train.export=false"]
 
     def own_settings(self, method):
         """What ``method`` trains with after the budget's settings (``trials.own_settings``:
@@ -984,9 +993,9 @@ def linear_seconds(costs, train_count, test_count, epochs, batch_size=None):
     held = train_count / L2_FOLDS
     fits = [train_count - held] * (len(L2_GRID) * L2_FOLDS) + [train_count]
     steps = sum(epochs * math.ceil(rows / batch_size) for rows in fits)
+    # No epoch's overhead (``epoch_seconds``): a fit runs its epochs in one pass.
     return (costs["image_seconds"] * (train_count + test_count)
-            + len(fits) * costs["fit_seconds"] + len(fits) * epochs * costs["epoch_seconds"]
-            + steps * costs["step_seconds"])
+            + len(fits) * costs["fit_seconds"] + steps * costs["step_seconds"])
 
 
 def crop_sizes(config):

@@ -86,10 +86,11 @@ def random_resized_crop(image, seed, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 
     return tf.image.resize(crop, [size, size], method="bilinear")
 
 
-def linear_head(feature_dim, num_classes, batchnorm=True, l2=0.0):
+def linear_head(feature_dim, num_classes, batchnorm=True, l2=0.0, regularizer=None):
     """Features [B, F] → logits [B, classes]: (parameter-free standardization →) one Dense.
 
-    ``l2``: λ of the penalty λ‖W‖² on the Dense kernel, added to the mean cross-entropy.
+    ``l2``: λ of the penalty λ‖W‖² on the Dense kernel, added to the mean cross-entropy;
+    ``regularizer``: the kernel's penalty itself, in place of ``l2``'s (``HeadFits``').
     """
     inputs = keras.Input((feature_dim,), name="features")
     features = inputs
@@ -97,7 +98,8 @@ def linear_head(feature_dim, num_classes, batchnorm=True, l2=0.0):
         features = keras.layers.BatchNormalization(center=False, scale=False, momentum=0.9,
                                                    name="standardize")(features)
     # Zero init: the problem is convex, and a fixed start makes runs repeatable.
-    regularizer = keras.regularizers.L2(l2) if l2 else None
+    if regularizer is None and l2:
+        regularizer = keras.regularizers.L2(l2)
     logits = keras.layers.Dense(num_classes, kernel_initializer="zeros",
                                 kernel_regularizer=regularizer, name="linear")(features)
     return keras.Model(inputs, logits, name="linear_head")
@@ -109,8 +111,11 @@ STEPS_PER_EXECUTION = 64
 
 
 def compile_classifier(model, total_steps, learning_rate=0.03, momentum=0.9, weight_decay=0.0):
-    """SGD with momentum, learning rate on a cosine to zero; top-1 and top-5 metrics."""
-    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, max(1, total_steps))
+    """SGD with momentum, learning rate on a cosine to zero over ``total_steps`` (a number, or
+    a variable set before each fit: ``HeadFits``); top-1 and top-5 metrics."""
+    if not isinstance(total_steps, tf.Variable):
+        total_steps = max(1, total_steps)
+    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, total_steps)
     model.compile(
         optimizer=keras.optimizers.SGD(schedule, momentum=momentum,
                                        weight_decay=weight_decay or None),
@@ -146,19 +151,21 @@ def linear_evaluation(backbone, train, test, num_classes, preprocessing, epochs=
                momentum=momentum, weight_decay=weight_decay)
     keras.utils.set_random_seed(seed)
     feature_dim = int(backbone.output_shape[-1])
-    l2_scores = None
+    l2_scores, fits = None, None
     if augment == "none":
         (train_features, train_labels), (test_features, test_labels) = _cached_features(
             backbone, train, test, preprocessing, batch_size)
+        fits = HeadFits(feature_dim, num_classes, batchnorm, learning_rate, momentum,
+                        weight_decay)
         if l2 == "auto":
             l2_scores = select_l2(train_features, train_labels, num_classes, l2_grid, l2_folds,
-                                  batchnorm=batchnorm, seed=seed, **fit)
+                                  batchnorm=batchnorm, seed=seed, fits=fits, **fit)
             l2 = best_l2(l2_scores)
             keras.utils.set_random_seed(seed)  # the final fit starts as a fixed-λ run would
         train_data = feature_batches(train_features, train_labels, batch_size, shuffle_seed=seed)
         test_data = feature_batches(test_features, test_labels, batch_size)
         train_count, test_count = len(train_features), len(test_features)
-        classifier = linear_head(feature_dim, num_classes, batchnorm, float(l2))
+        classifier = fits.fresh(float(l2))
     else:
         train_data, train_count = _augmented_images(train, preprocessing, batch_size, seed,
                                                     augment)
@@ -168,7 +175,7 @@ def linear_evaluation(backbone, train, test, num_classes, preprocessing, epochs=
     trainable = backbone.trainable
     backbone.trainable = False  # only the head's variables train (restored below)
     try:
-        _train(classifier, train_data, train_count, verbose=verbose, **fit)
+        _train(classifier, train_data, train_count, verbose=verbose, fits=fits, **fit)
         scores = _test(classifier, test_data)
     finally:
         backbone.trainable = trainable
@@ -186,13 +193,14 @@ def linear_evaluation(backbone, train, test, num_classes, preprocessing, epochs=
 
 
 def select_l2(features, labels, num_classes, grid=L2_GRID, folds=L2_FOLDS, batchnorm=True,
-              seed=0, **fit):
+              seed=0, fits=None, **fit):
     """Cross-validated top-1 (%) of the linear head for each λ in ``grid``: {λ: score}.
 
     ``features`` [N, F], ``labels`` [N]: the training split only.  The rows are shuffled
     (``seed``) into ``folds`` parts; each λ trains on all parts but one and is scored on that
     one, in turn, with the settings ``fit`` (epochs, batch_size, learning_rate, momentum,
-    weight_decay) of the final classifier.  Every λ sees the same folds.
+    weight_decay) of the final classifier.  Every λ sees the same folds.  ``fits``: the
+    ``HeadFits`` to train with (one is made otherwise).
     """
     folds = int(folds)
     if folds < 2 or folds > len(features):
@@ -200,6 +208,8 @@ def select_l2(features, labels, num_classes, grid=L2_GRID, folds=L2_FOLDS, batch
                          f"got {folds}")
     if not grid or min(grid) < 0:
         raise ValueError(f"l2_grid must hold numbers >= 0, got {grid!r}")
+    fits = fits or HeadFits(features.shape[1], num_classes, batchnorm, fit["learning_rate"],
+                            fit["momentum"], fit["weight_decay"])
     parts = np.array_split(np.random.default_rng(seed).permutation(len(features)), folds)
     splits = [(np.concatenate(parts[:k] + parts[k + 1:]), held)  # (train rows, held-out rows)
               for k, held in enumerate(parts)]
@@ -208,14 +218,50 @@ def select_l2(features, labels, num_classes, grid=L2_GRID, folds=L2_FOLDS, batch
         correct = 0
         for rest, held in splits:
             keras.utils.set_random_seed(seed)
-            head = linear_head(features.shape[1], num_classes, batchnorm, float(l2))
+            head = fits.fresh(float(l2))
             _train(head, feature_batches(features[rest], labels[rest], fit["batch_size"],
-                                         shuffle_seed=seed), len(rest), **fit)
+                                         shuffle_seed=seed), len(rest), fits=fits, **fit)
             top1 = _test(head, feature_batches(features[held], labels[held],
                                                fit["batch_size"]))["top1"]
             correct += float(top1) * len(held)
         scores[float(l2)] = 100.0 * correct / len(features)
     return scores
+
+
+class VariableL2(keras.regularizers.Regularizer):
+    """λ‖W‖² with λ in a variable: ``keras.regularizers.L2``'s arithmetic, λ set between fits."""
+
+    def __init__(self, l2):
+        self.l2 = l2
+
+    def __call__(self, x):
+        return keras.ops.cast(self.l2, dtype=x.dtype) * keras.ops.sum(keras.ops.square(x))
+
+
+class HeadFits:
+    """One linear head trained afresh many times over (λ's cross-validation, then the final
+    fit): before each fit its weights, standardization statistics and optimizer state go back
+    to their start, and λ and the cosine's length are variables, so that Keras traces its train
+    and test functions once rather than once a fit (on a few-label split a fit costs little
+    more than its tracing).  Each fit is the one ``linear_head`` compiled afresh by
+    ``compile_classifier`` makes, to the bit (``tests/test_linear.py``)."""
+
+    def __init__(self, feature_dim, num_classes, batchnorm=True, learning_rate=0.03,
+                 momentum=0.9, weight_decay=0.0):
+        self.l2 = tf.Variable(0.0, trainable=False, name="l2")
+        self.total_steps = tf.Variable(1.0, trainable=False, name="total_steps")
+        self.head = linear_head(feature_dim, num_classes, batchnorm,
+                                regularizer=VariableL2(self.l2))
+        compile_classifier(self.head, self.total_steps, learning_rate, momentum, weight_decay)
+        self.head.optimizer.build(self.head.trainable_variables)
+        self.start = [(v, v.numpy()) for v in self.head.variables + self.head.optimizer.variables]
+
+    def fresh(self, l2):
+        """The head at its start, with penalty ``l2``."""
+        for variable, value in self.start:
+            variable.assign(value)
+        self.l2.assign(l2)
+        return self.head
 
 
 def best_l2(scores):
@@ -233,12 +279,18 @@ def feature_batches(features, labels, batch_size, shuffle_seed=None):
 
 
 def _train(classifier, train_data, train_count, epochs, batch_size, learning_rate, momentum,
-           weight_decay, verbose=0):
-    """Compile ``classifier`` (cosine over all its steps) and fit it for ``epochs``."""
+           weight_decay, verbose=0, fits=None):
+    """Fit ``classifier`` for ``epochs`` on a cosine over all its steps: compiled here, or, as
+    ``fits``' head (``HeadFits``), compiled already and given the cosine's length."""
     steps = epochs * math.ceil(train_count / batch_size)
-    compile_classifier(classifier, steps, learning_rate, momentum, weight_decay)
-    # shuffle=False: the datasets shuffle themselves (Keras would warn it ignores the flag).
-    classifier.fit(train_data, epochs=epochs, verbose=verbose, shuffle=False)
+    if fits is None:
+        compile_classifier(classifier, steps, learning_rate, momentum, weight_decay)
+    else:
+        fits.total_steps.assign(max(1, steps))
+    # Every epoch in one pass, each repetition of the data reshuffled as a new epoch's would
+    # be: Keras' work between epochs is most of a small fit's time (a few-label split's epoch
+    # is one step).  shuffle=False: the datasets shuffle themselves.
+    classifier.fit(train_data.repeat(epochs), epochs=1, verbose=verbose, shuffle=False)
 
 
 def _test(classifier, test_data):
