@@ -389,6 +389,11 @@ CORE_SETTINGS = {
         10.0, number(0.0),
         "save the resume state inside an epoch every N minutes, so a hard kill loses at most "
         "that (0: at epoch ends only)"),
+    "train.export": Setting(
+        True, boolean(),
+        "at the end, write model.keras and the backbone's SavedModel beside the weights "
+        "checkpoint (false: the checkpoint alone, as a comparison's runs; caco-export writes "
+        "them later)"),
     "distribute.strategy": Setting(
         "auto", choice(*STRATEGIES),
         "auto: mirrored when several GPUs are visible, else one device (training.distribute)"),

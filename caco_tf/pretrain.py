@@ -119,7 +119,7 @@ def _run(config, settings, folder, strategy, chief, verbose, stack):
     with _dtype_policy(decided["precision"]), strategy.scope():
         model = build_planned_model(settings, plan, views)
     if chief:
-        check_space(folder, model)
+        check_space(folder, model, settings.train.export)
     # Unreadable images: skipped, reported once per epoch, listed in the run folder.
     skipped = data.SkippedFiles(list_path=folder.skipped_files if chief else None)
     listed = data.listed_unreadable(folder.skipped_files) if chief and backup else []
@@ -202,12 +202,14 @@ def _run(config, settings, folder, strategy, chief, verbose, stack):
     # reads it, and caco-evaluate and caco-export take it instead of the run folder.
     writing = folder.model
     try:
-        model.save(folder.model)
-        backbone, query_encoder = _local_copy(model.backbone), _local_copy(model.query_encoder)
-        writing = folder.saved_model
-        results["saved_model"] = export.export_backbone(
-            backbone, folder.saved_model, settings.data.image_size,
-            settings.data.channels, views.mean, views.std, embedder=query_encoder)
+        if settings.train.export:
+            model.save(folder.model)
+            backbone = _local_copy(model.backbone)
+            query_encoder = _local_copy(model.query_encoder)
+            writing = folder.saved_model
+            results["saved_model"] = export.export_backbone(
+                backbone, folder.saved_model, settings.data.image_size,
+                settings.data.channels, views.mean, views.std, embedder=query_encoder)
         writing = folder.results
         write_json_atomically(folder.results, results, indent=1)
     except tf.errors.OpError as error:  # TensorFlow's own writes (the SavedModel's variables)
@@ -244,10 +246,10 @@ def _lost_batches(data_settings):
         raise lost from None
 
 
-def check_space(folder, model):
+def check_space(folder, model, exported=True):
     """A ``WriteError`` at the start, with the sizes, when the run folder's file system cannot
     hold what the run will write (``run_folder.space_needed``) beside what it holds."""
-    needed, parts = run_folder.space_needed(model)
+    needed, parts = run_folder.space_needed(model, exported)
     try:
         free = shutil.disk_usage(folder.path).free
     except OSError:

@@ -185,6 +185,14 @@ def test_a_run_folder_too_small_for_the_run_is_refused_at_the_start_with_the_siz
                               "the same command to continue")
 
 
+def test_a_run_that_exports_nothing_needs_room_for_its_checkpoints_alone(model):
+    """``train.export: false`` (a comparison's runs): no model.keras or SavedModel is asked for."""
+    exported, _ = run_folder.space_needed(model)
+    bare, parts = run_folder.space_needed(model, exported=False)
+    assert bare < exported and "resume checkpoints 3 x " in parts
+    assert "model.keras" not in parts and "SavedModel" not in parts
+
+
 def test_a_resume_that_cannot_continue_names_the_versions(model, tmp_path):
     import keras
 

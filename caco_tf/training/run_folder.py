@@ -395,10 +395,11 @@ def errno_in(error):
     return None
 
 
-def space_needed(model):
+def space_needed(model, exported=True):
     """(bytes, what they are) that a run of ``model`` writes at most at once into its folder:
     the resume checkpoints (newest, previous, and one being written), the weights checkpoint,
-    ``model.keras`` and the SavedModel, estimated from the variables' sizes."""
+    and, when ``exported``, ``model.keras`` and the SavedModel, estimated from the variables'
+    sizes."""
     def size(variables):
         return sum(_bytes_of(variable) for variable in variables)
 
@@ -407,12 +408,15 @@ def space_needed(model):
         arrays += list(model.trainable_weights)  # its momentum, made at its first step
     state = size(arrays) + 1024 * len(arrays) + (64 << 10)  # and the file's own structure
     encoders = [getattr(model, name, None) for name in ("backbone", "query_encoder")]
-    exported = sum(size(e.weights) for e in encoders if e is not None) + (2 << 20)  # + graphs
+    saved = sum(size(e.weights) for e in encoders if e is not None) + (2 << 20)  # + graphs
     checkpoints = (KEPT + 1) * state
-    return (checkpoints + state + state + exported,
+    if not exported:
+        return (checkpoints + state, f"resume checkpoints {KEPT + 1} x {state / 2**20:.1f} MiB "
+                f"and the weights checkpoint {state / 2**20:.1f} MiB")
+    return (checkpoints + state + state + saved,
             f"resume checkpoints {KEPT + 1} x {state / 2**20:.1f} MiB, the weights checkpoint "
             f"and model.keras {state / 2**20:.1f} MiB each, the SavedModel "
-            f"{exported / 2**20:.1f} MiB")
+            f"{saved / 2**20:.1f} MiB")
 
 
 def _bytes_of(variable):
