@@ -4,13 +4,13 @@
 #   WORK: the working folder (default /work/shapes_v2); FROZEN: the frozen commit's worktree
 #   (default /work/frozen).  Stop it with SIGTERM; run it again to continue.
 # The frozen commit is one of main's: a tag or a side branch does not survive a new checkout
-# (the first frozen commit, 8f97c8a, was lost so; README.md says how its successor was checked).
+# (the first frozen commit, 8f97c8a, was lost so; README.md says how each successor was checked).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 work=${1:-/work/shapes_v2}
 frozen=${FROZEN:-/work/frozen}
-commit=7335921
+commit=23e3b3e
 if [ ! -d "$frozen" ]; then
     git -C "$repo" worktree add --detach "$frozen" "$commit"
 fi
