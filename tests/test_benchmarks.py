@@ -114,3 +114,15 @@ def test_method_steps_measures_every_registered_method():
     assert listed[0] == "moco_v2"
     assert set(listed) == {name for name, cls in methods.METHODS.items()
                            if cls.SETTINGS_OF is None and cls.CONSUMES == "features"}
+
+
+def test_the_vit_pages_held_out_table_is_what_its_tracked_runs_give(capsys):
+    """docs/vit.md's held-out table of the ViT-era methods, and its count of the claims that
+    hold, are ``vit_offline_table.py``'s output on the runs kept in benchmarks/vit_offline/."""
+    load("vit_offline_table").main([os.path.join(BENCHMARKS, "vit_offline")])
+    written = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    with open(os.path.join(ROOT, "docs", "vit.md"), encoding="utf-8") as page:
+        text = page.read()
+    assert len(written) >= 4
+    for line in written:
+        assert line in text, line
