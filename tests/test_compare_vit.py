@@ -5,6 +5,7 @@ plan written before them reads and runs as it did."""
 import json
 import os
 import shlex
+import sys
 
 import pytest
 
@@ -14,8 +15,9 @@ from caco_tf.methods import METHODS
 from caco_tf.nets.sizes import VIT_SHAPES
 
 from test_compare_mistakes import plan
-from test_comparison import ROOT, TINY, compare, write_folder
+from test_comparison import ROOT, TINY, write_folder
 from tiny_methods import CONFIG_OVERRIDES
+import launch
 
 COMPARED = ["mae", "dinov2", "ijepa", "dino"]  # the three token methods and a pooled one
 # test_comparison's tiny budget on the micro ViT (its views and ConvNet widths left out), the
@@ -109,15 +111,21 @@ def test_a_plan_written_before_trains_every_run_with_the_command_it_recorded(fol
 
 
 @pytest.mark.slow
-def test_a_tiny_vit_comparison_reports_a_row_per_method(tmp_path, capsys):
+def test_a_tiny_vit_comparison_reports_a_row_per_method(tmp_path):
     """The three token methods and DINO, each on its own views, through calibration, trials,
-    final runs, the kNN, linear and few-label probes, the learning curves and the report."""
+    final runs, the kNN, linear and few-label probes, the learning curves and the report.  In
+    a process of its own: its twelve trainings' graphs would stay in the test worker's memory
+    (the suite's two workers ran out of 24 GiB with it in-process)."""
     folder = write_folder(tmp_path / "images", per_class=20)
     out = tmp_path / "c"
-    status, lines = compare(VIT_TINY + ["--data", f"folder:{folder}", "--methods",
-                                        ",".join(COMPARED), "--seeds", "1", "--curve-images",
-                                        "24,12", "--out", str(out)], capsys)
-    assert status == 0, lines[-20:]
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    result = launch.run(
+        [sys.executable, "-m", "caco_tf.cli.compare"] + VIT_TINY
+        + ["--data", f"folder:{folder}", "--methods", ",".join(COMPARED), "--seeds", "1",
+           "--curve-images", "24,12", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 0, lines[-20:]
     assert "  mae's own, after the budget's: data.views=\"crop_flip\" data.crop_scale=[0.2, 1.0]" \
         in lines
     text = (out / "report" / "report.md").read_text()
