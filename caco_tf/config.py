@@ -543,10 +543,11 @@ RENAMED["caco.method"] = "method.name"
 _OLD_WARMUP = ("warmup_epochs", "warmup_min_steps", "warmup_temperature", "resync_after_warmup")
 
 
-# Settings added since 0.3 whose absence from a saved configuration meant what their off value
-# means now: a run folder of 0.3 resumes without them listed as changes.  (A path whose parent
+# Settings added since 0.3, each with the value that means what its absence from a saved
+# configuration meant (mostly off; a run without ``train.export`` exported): a run folder of
+# 0.3 resumes without them listed as changes.  (A path whose parent
 # section the saved configuration lacks is left alone: that method was not configured.)
-ABSENT_MEANS_OFF = {
+ABSENT_MEANS = {
     ("data", "views_on_device"): False, ("data", "service"): "",
     # The Vision Transformers' and KerasHub's settings, and AdamW's (a run without them was
     # none of these).
@@ -558,6 +559,7 @@ ABSENT_MEANS_OFF = {
     ("model", "interpolate_antialias"): False,
     ("train", "weight_decay_end"): None, ("train", "decay_biases_and_norms"): True,
     ("train", "clip_gradient_norm"): 0.0, ("train", "final_learning_rate"): 0.0,
+    ("train", "export"): True,
     ("method", "moco_v3", "projector_layers"): 2,
 }
 
@@ -574,7 +576,7 @@ def upgrade_saved_config(tree):
         tree = {("method" if key == "caco" else key):
                 ({("name" if k == "method" else k): v for k, v in value.items()}
                  if key == "caco" else value) for key, value in tree.items()}
-    for path, off in ABSENT_MEANS_OFF.items():
+    for path, off in ABSENT_MEANS.items():
         parent = tree
         for part in path[:-1]:
             parent = parent.get(part) if isinstance(parent, dict) else None

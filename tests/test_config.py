@@ -170,7 +170,7 @@ def as_saved_by_0_2(config):
 
 
 def test_a_config_yaml_saved_before_the_sections_loads_in_the_new_layout(tmp_path):
-    from caco_tf.config import ABSENT_MEANS_OFF, upgrade_saved_config
+    from caco_tf.config import ABSENT_MEANS, upgrade_saved_config
 
     path = tmp_path / "config.yaml"
     path.write_text(OLD_RUN_CONFIG)
@@ -182,9 +182,10 @@ def test_a_config_yaml_saved_before_the_sections_loads_in_the_new_layout(tmp_pat
         load_config(str(path))  # as a user's configuration: refused
     old = {"name": "old", "caco": {"method": "moco_v2", "temperature": 0.3}, "train": {}}
     new = upgrade_saved_config(old)
-    # The train settings added since, at what their absence meant (ABSENT_MEANS_OFF).
-    added = {path[-1]: off for path, off in ABSENT_MEANS_OFF.items() if path[0] == "train"}
+    # The train settings added since, at what their absence meant (ABSENT_MEANS).
+    added = {path[-1]: off for path, off in ABSENT_MEANS.items() if path[0] == "train"}
     assert added["clip_gradient_norm"] == 0.0 and added["weight_decay_end"] is None
+    assert added["export"] is True  # every run exported before the setting
     assert new == {"name": "old", "method": {"name": "moco_v2", "moco_v2": {
         "temperature": 0.3}}, "train": added}
     assert list(new) == ["name", "method", "train"] and "caco" in old  # a copy, in order
