@@ -10,6 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from caco_tf.run_settings import RunSettings
+from caco_tf.training.run_folder import RunFolder
 from caco_tf import build
 from caco_tf.evaluation.monitor import knn_top1
 from caco_tf.cli import evaluate
@@ -135,12 +136,45 @@ def test_untrained_baseline_is_the_runs_network_before_training(run_dir, capsys)
     assert result["top1"] == pytest.approx(expected["top1"])
 
 
+def test_teacher_evaluates_the_momentum_teachers_backbone(tmp_path, capsys):
+    run_dir, model = make_run(tmp_path / "byol", overrides=["method.name=byol"])
+    teacher = model.key_encoder.layers[1]
+    for weight in teacher.trainable_weights:  # a teacher that has moved away from the student
+        weight.assign(weight * 1.5)
+    model.save_weights(RunFolder(run_dir).checkpoint)
+    status, out, err = cli(capsys, "knn", "--run", run_dir, "--teacher")
+    assert status == 0, err
+    result = json.load(open(os.path.join(run_dir, "eval_knn_teacher.json")))
+    assert result["encoder"] == f"teacher of {os.path.abspath(run_dir)}"
+    run = build.load_run(run_dir)
+    read = protocols.teacher_backbone(run.model)
+    assert read is not run.model.backbone and read.name.startswith(run.model.backbone.name)
+    for saved, loaded in zip(teacher.get_weights(), read.get_weights()):
+        np.testing.assert_array_equal(saved, loaded)
+    assert any(not np.array_equal(a, b) for a, b in
+               zip(read.get_weights(), run.model.backbone.get_weights()))
+    with tfds.testing.mock_data(num_examples=EXAMPLES):
+        labelled = protocols.load_labelled_data(None, run.config)
+        expected = protocols.knn(read, labelled, protocols.preprocessing_for(run.config), 3,
+                                 0.07)
+    assert result["top1"] == pytest.approx(expected["top1"])
+    # A method without a momentum teacher: one line naming those with one; nothing written.
+    simclr, _ = make_run(tmp_path / "simclr", overrides=["method.name=simclr"])
+    status, _, err = cli(capsys, "knn", "--run", simclr, "--teacher")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: --teacher: simclr trains no momentum teacher; the methods "
+                          "that do: caco, "), err
+    assert "byol" in err and "dino" in err and "simsiam" not in err
+    assert not os.path.exists(os.path.join(simclr, "eval_knn_teacher.json"))
+
+
 @pytest.mark.parametrize("args, message", [
     (["linear"], "error: --run RUN_DIR is required"),
     (["knn", "--run", "/no/such/run"], "error: no config.yaml in /no/such/run"),
     (["linear", "--pixels", "--epochs", "0"], "error: --epochs must be positive"),
     (["knn", "--untrained"], "error: --run RUN_DIR is required"),
     (["knn", "--pixels", "--untrained"], "error: --pixels and --untrained are two baselines"),
+    (["knn", "--pixels", "--teacher"], "error: --teacher reads a trained run's teacher"),
     (["knn", "--pixels", "--data", "tfds:no_such_dataset_xyz"], "error: unknown TFDS data set"),
     (["knn", "--pixels", "--data", "bogus"], "error: unknown data source 'bogus'"),
     (["linear", "--pixels", "--l2", "-1"], "error: --l2 must be auto or a number >= 0"),

@@ -6,11 +6,12 @@
                          [--augment none|imagenet|digits] ...
     caco-evaluate linear --pixels [--data mnist]      # raw-pixel baseline
     caco-evaluate knn    --run RUN_DIR --untrained    # the run's network, not trained
+    caco-evaluate knn    --run RUN_DIR --teacher      # its momentum teacher (DINO, I-JEPA...)
 
 SOURCE: nothing (the run's own training images against its held-out split) or the user's own
 labelled images (transfer), with ``--held-out SOURCE`` where ``--data`` has no held-out split of
 its own (``caco_tf.evaluation.protocols``).  Prints a table and writes the
-numbers as JSON into the run folder (``eval_<protocol>[_pixels|_untrained][_<data>].json``) or to
+numbers as JSON into the run folder (``eval_<protocol>[_pixels|_untrained|_teacher][_<data>].json``) or to
 ``--json``.  The last line is ``kNN top-1: NN.N%`` or ``linear top-1: NN.N%``.
 """
 
@@ -41,6 +42,9 @@ def parse_args(argv):
     parser.add_argument("--untrained", action="store_true",
                         help="the run's backbone with fresh weights seeded by --seed, as "
                              "before its first step (baseline: what pre-training added)")
+    parser.add_argument("--teacher", action="store_true",
+                        help="the run's momentum teacher's backbone in place of the student's "
+                             "(what DINO's, DINOv2's and I-JEPA's authors evaluate)")
     parser.add_argument("--seed", type=int, default=0)
     cli.verbose_argument(parser, "one line per training epoch, and TensorFlow's start-up lines")
     knn_group = parser.add_argument_group("knn")
@@ -104,10 +108,11 @@ def main(argv=None):
             l2=protocols.l2_setting(args.l2, args.augment), l2_folds=args.l2_folds)
         result = protocols.evaluate(args.protocol, run=args.run, data=args.data,
                                     held_out=args.held_out, baseline=baseline, seed=args.seed,
-                                    k=args.k, temperature=args.temperature, **linear)
+                                    k=args.k, temperature=args.temperature,
+                                    teacher=args.teacher, **linear)
         print(protocols.format_table(result))
-        path = args.json or protocols.default_json_path(args.run, args.protocol, args.data,
-                                                        baseline)
+        path = args.json or protocols.default_json_path(
+            args.run, args.protocol, args.data, "teacher" if args.teacher else baseline)
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "w") as handle:

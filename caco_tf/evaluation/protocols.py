@@ -88,8 +88,8 @@ def knn(backbone, labelled, preprocessing, k, temperature, batch_size=500):
 
 
 def default_json_path(run_dir, protocol, spec, baseline=""):
-    """``RUN/eval_<protocol>[_<baseline>][_<data>].json`` (baseline: "", "pixels" or
-    "untrained"), or None without a run folder."""
+    """``RUN/eval_<protocol>[_<baseline>][_<data>].json`` (baseline: "", "pixels",
+    "untrained" or "teacher"), or None without a run folder."""
     if run_dir is None:
         return None
     if str(run_dir).endswith(".keras"):  # a saved model: its folder
@@ -97,6 +97,19 @@ def default_json_path(run_dir, protocol, spec, baseline=""):
     suffix = "" if spec is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", spec)
     baseline = f"_{baseline}" if baseline else ""
     return RunFolder(run_dir).evaluation_record(f"{protocol}{baseline}{suffix}")
+
+
+def teacher_backbone(model):
+    """The backbone of ``model``'s momentum teacher (``Algorithm.TEACHER``): the EMA copy that
+    DINO's, DINOv2's and I-JEPA's authors evaluate (I-JEPA's target encoder), BYOL's target
+    and MoCo's key encoder; one line for a method that trains none."""
+    from caco_tf.methods import METHODS
+
+    if getattr(model, "TEACHER", None) != "momentum" or model.key_encoder is None:
+        with_one = ", ".join(name for name, cls in METHODS.items() if cls.TEACHER == "momentum")
+        raise ConfigError(f"--teacher: {getattr(model, 'method', type(model).__name__)} "
+                          f"trains no momentum teacher; the methods that do: {with_one}")
+    return model.key_encoder.layers[1]  # input, backbone, projector, L2, heads
 
 
 def untrained_backbone(config, seed):
@@ -141,7 +154,7 @@ def l2_setting(text, augment):
 
 
 def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, k=None,
-             temperature=None, config=None, **linear_settings):
+             temperature=None, config=None, teacher=False, **linear_settings):
     """Run ``protocol`` (``knn`` or ``linear``) on a frozen backbone; returns the result dict
     (also what ``caco-evaluate``'s JSON holds).
 
@@ -150,9 +163,13 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
     ``baseline``: "" (the run's trained backbone), "pixels" (raw pixels; ``run`` optional) or
     "untrained" (the run's network with fresh weights seeded by ``seed``); ``k``,
     ``temperature``: the kNN's (default: the run's ``evaluation`` settings); ``config``: a
-    run's configuration in place of ``run`` for a baseline (nothing trained is read); the
-    rest: ``linear.linear_evaluation``'s arguments.
+    run's configuration in place of ``run`` for a baseline (nothing trained is read);
+    ``teacher``: the run's momentum teacher's backbone in place of the student's
+    (``teacher_backbone``); the rest: ``linear.linear_evaluation``'s arguments.
     """
+    if teacher and (baseline or run is None):
+        raise ConfigError("--teacher reads a trained run's teacher: give --run RUN_DIR, "
+                          "without --pixels or --untrained")
     if run is None and config is None and baseline != "pixels":
         raise ConfigError("--run RUN_DIR is required (or --pixels for the raw-pixel baseline)")
     if held_out and not RULES["data.held_out"].check(held_out):
@@ -174,6 +191,9 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
         backbone = untrained_backbone(config, seed)
         encoder = (f"untrained {config['model']['backbone']} (seed {seed})"
                    + (f" of {os.path.abspath(run)}" if run else ""))
+    elif teacher:
+        backbone = teacher_backbone(loaded.model)
+        encoder = f"teacher of {os.path.abspath(run)}"
     else:
         backbone, encoder = loaded.model.backbone, os.path.abspath(run)
     if protocol == "knn":
