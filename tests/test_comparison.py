@@ -265,6 +265,10 @@ def test_the_linear_protocols_cost_counts_every_fit_of_its_cross_validation():
     assert runner.linear_seconds(dict(unit, step_seconds=0.0, fit_seconds=1.0,
                                       epoch_seconds=0.5, image_seconds=0.01),
                                  1000, 500, epochs=10) == 26 + 15  # epochs in one pass
+    # One head traced once: the first fit pays the tracing, the 25 after it a refit each.
+    assert runner.linear_seconds(dict(unit, step_seconds=0.0, fit_seconds=1.0,
+                                      refit_seconds=0.1, image_seconds=0.01),
+                                 1000, 500, epochs=10) == pytest.approx(1 + 25 * 0.1 + 15)
 
 
 def test_the_estimate_counts_what_is_left_evaluations_included(tmp_path):
@@ -281,6 +285,25 @@ def test_the_estimate_counts_what_is_left_evaluations_included(tmp_path):
     comparison.save_entry("final/caco/seed1", {})  # not trained: its training counts too
     assert runner.estimate_seconds(comparison) == pytest.approx(
         2 * linear + runner.SECONDS_PER_RUN)
+
+
+def test_the_estimate_times_a_methods_training_by_its_runs_finished_on_this_machine(tmp_path):
+    from caco_tf.machine import machine
+
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0]})
+    comparison.state = {"calibration": {"caco": {"step_seconds": 1.0, "setup_seconds": 0.0}}}
+    comparison.save_entry("final/caco/seed2", {})  # not trained yet: 4,000 images, 1 epoch
+    calibrated = 4000 // 16 * 1.0 * runner.OVERHEAD_FACTOR + runner.SECONDS_PER_RUN
+    assert runner.estimate_seconds(comparison) == pytest.approx(calibrated)  # nothing timed here
+    for trial, seconds in enumerate((64.0, 96.0)):  # trials of 3,200 images
+        comparison.save_entry(comparison.trial_key("caco", trial), {
+            "knn_top1": 50.0, "train_seconds": seconds, "machines": [machine()]})
+    median = (64.0 / 3200 + 96.0 / 3200) / 2
+    assert runner.estimate_seconds(comparison) == pytest.approx(median * 4000)
+    # A run measured (even in part) on another machine is not this machine's time.
+    comparison.save_entry(comparison.trial_key("caco", 1), {
+        "knn_top1": 50.0, "train_seconds": 96.0, "machines": [machine(), "CPU B, 2 cores"]})
+    assert runner.estimate_seconds(comparison) == pytest.approx(64.0 / 3200 * 4000)
 
 
 def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):

@@ -929,7 +929,8 @@ PROBE_BATCH_SIZE = 256
 def calibrate_evaluation(backbone, config, train_images):
     """The costs of the evaluations on this machine: seconds per image of the frozen
     backbone's features; of the linear probe's fits (Keras ``fit`` of the head on cached
-    features), seconds per fit, per epoch and per step (the steps timed on as many rows as the
+    features), seconds per fit (its tracing), per later fit of the same head (``HeadFits``),
+    per epoch and per step (the steps timed on as many rows as the
     fits of ``train_images`` shuffle, up to 32,768)."""
     import keras
     import tensorflow as tf
@@ -974,19 +975,35 @@ def calibrate_evaluation(backbone, config, train_images):
         later = sorted(times.seconds[1:])
         return time.perf_counter() - start, later[len(later) // 2]
 
+    def refit(fits):
+        """A fit of one step (and its test) on ``fits``' head, traced already: its seconds."""
+        start = time.perf_counter()
+        head = fits.fresh(0.0)
+        fits.total_steps.assign(1.0)
+        head.fit(linear.feature_batches(rows[:batch], np.arange(batch) % 10, batch),
+                 epochs=1, verbose=0, shuffle=False)
+        head.evaluate(linear.feature_batches(rows[:batch], np.arange(batch) % 10, batch),
+                      verbose=0)
+        return time.perf_counter() - start
+
     keras.utils.set_random_seed(0)
     fit(1, 2)  # the process's first fit pays costs no other fit pays
     total, epoch_and_step = fit(1, 21)  # an epoch's overhead and one step
     _, epoch_and_steps = fit(most, 6)
     step = max(0.0, (epoch_and_steps - epoch_and_step) / (most - 1))
+    fits = linear.HeadFits(dim, 10)
+    refit(fits)  # traces
+    again = sorted(refit(fits) for _ in range(3))[1]
     return {"image_seconds": image_seconds, "fit_seconds": max(0.0, total - 21 * epoch_and_step),
+            "refit_seconds": max(0.0, again - step),
             "epoch_seconds": max(0.0, epoch_and_step - step), "step_seconds": step}
 
 
 def linear_seconds(costs, train_count, test_count, epochs, batch_size=None):
     """The linear protocol's cost for ``train_count`` training and ``test_count`` test images:
     the features of both, then λ's cross-validation (``L2_GRID`` × ``L2_FOLDS`` fits, each on
-    all folds but one) and the final fit (``linear.linear_evaluation``)."""
+    all folds but one) and the final fit (``linear.linear_evaluation``), on one head traced
+    once (``refit_seconds`` each fit after the first; a calibration without it, the first's)."""
     from caco_tf.evaluation import L2_FOLDS, L2_GRID
 
     batch_size = batch_size or PROBE_BATCH_SIZE
@@ -994,8 +1011,9 @@ def linear_seconds(costs, train_count, test_count, epochs, batch_size=None):
     fits = [train_count - held] * (len(L2_GRID) * L2_FOLDS) + [train_count]
     steps = sum(epochs * math.ceil(rows / batch_size) for rows in fits)
     # No epoch's overhead (``epoch_seconds``): a fit runs its epochs in one pass.
-    return (costs["image_seconds"] * (train_count + test_count)
-            + len(fits) * costs["fit_seconds"] + steps * costs["step_seconds"])
+    refit = costs.get("refit_seconds", costs["fit_seconds"])
+    return (costs["image_seconds"] * (train_count + test_count) + costs["fit_seconds"]
+            + (len(fits) - 1) * refit + steps * costs["step_seconds"])
 
 
 def crop_sizes(config):
@@ -1016,23 +1034,29 @@ SECONDS_PER_RUN = 20.0
 
 
 def estimate_seconds(comparison):
-    """The seconds the runs the state lacks will take, from the calibration: the training
-    steps, the kNN at each run's end and, per seed, the linear evaluation and the few-label
-    one of each label draw not measured yet; then the baselines not measured yet
+    """The seconds the runs the state lacks will take: the training (from the method's runs
+    finished on this machine, ``seconds_per_image_trained``, else from the calibration: the
+    steps and the kNN at the run's end) and, per seed, the linear evaluation and the
+    few-label one of each label draw not measured yet; then the baselines not measured yet
     (``baseline_seconds``)."""
     calibration = comparison.state.get("calibration", {})
     costs = comparison.state.get("evaluation")
     plan, images = comparison.plan, comparison.plan["images"]
     arguments = plan["arguments"]
     draws = len(few_label_splits(comparison))
+    entries = {key: comparison.entry(key) for key, *_ in comparison.runs()}  # each read once
+    per_image = seconds_per_image_trained(comparison, entries)
     total = 0.0
     for key, method, trial, seed, final in comparison.runs():
-        entry = comparison.entry(key)  # read once: finished() and the sums below use it
+        entry = entries[key]
         if finished(comparison, key, final, entry):
             continue
+        trained = images["train" if final else "tune"] * plan["epochs"]
         steps = images["train" if final else "tune"] // plan["batch_size"] * plan["epochs"]
         measured = calibration.get(method, {"step_seconds": 0.0, "setup_seconds": 0.0})
-        if "knn_top1" not in entry:
+        if "knn_top1" not in entry and method in per_image:
+            total += per_image[method] * trained
+        elif "knn_top1" not in entry:
             total += (steps * measured["step_seconds"] * OVERHEAD_FACTOR
                       + measured["setup_seconds"] + SECONDS_PER_RUN)
             if costs:  # the kNN's features of the run's training and held-out images
@@ -1050,6 +1074,21 @@ def estimate_seconds(comparison):
     if costs:
         total += baseline_seconds(comparison, costs)
     return total
+
+
+def seconds_per_image_trained(comparison, entries):
+    """{method: the median over its runs trained to the end on this machine alone of their
+    ``train_seconds`` (setup, steps, the run's kNN and export) per image trained}; ``entries``:
+    {key: entry}.  The calibration is taken once, when the plan is made, perhaps on another
+    machine or beside other work: a method's own finished runs say more."""
+    here, found = machine(), {}
+    images, epochs = comparison.plan["images"], comparison.plan["epochs"]
+    for key, method, trial, seed, final in comparison.runs():
+        entry = entries[key]
+        if "knn_top1" in entry and entry.get("train_seconds") and entry.get("machines") == [here]:
+            found.setdefault(method, []).append(
+                entry["train_seconds"] / (images["train" if final else "tune"] * epochs))
+    return {method: float(np.median(values)) for method, values in found.items()}
 
 
 def baseline_seconds(comparison, costs):
