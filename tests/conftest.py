@@ -96,9 +96,9 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
 
 @pytest.fixture(scope="module", autouse=True)
 def _release_memory_after_each_module():
-    """Keras' global state cleared and freed heap handed back to the system after each module:
-    without it a test worker's memory only grew, to 14 GB of 24 by the suite's end (two workers
-    20 GB, 2026-12-05; one was killed by the kernel on 2026-12-05 before a test moved out)."""
+    """Keras' global state cleared and freed heap handed back to the system after each module
+    (a test worker's memory grows through the suite: two workers peaked at 20 GB of 24 on
+    2026-12-05, with this clearing or without it)."""
     yield
     import keras
 
