@@ -316,3 +316,30 @@ def test_the_recovery_docs_describe_needs_no_trained_model(finished, tmp_path, m
         "pixels": 42.0, "untrained": 42.0}
     assert all(given.get("run") is None and given["config"]["train"]["seed"] == 0
                for given in asked)
+
+
+def test_a_signal_between_runs_is_not_swallowed_by_code_that_catches_every_error():
+    """The handler raises wherever the process is: inside ``inspect`` (which turns any
+    Exception into a TypeError) or KerasTuner (which retries a trial on any Exception) the
+    stop would be lost and the comparison go on; 2026-12-05 it did, inside Keras' Input."""
+    import inspect
+    import signal
+
+    from caco_tf.training.interrupts import Interrupted
+
+    def signalled(self, x):  # a default whose evaluation the signal interrupts
+        return x
+
+    previous = signal.signal(signal.SIGTERM, compare_cli.stop_between_runs)
+    try:
+        with pytest.raises(Interrupted, match="stopped by SIGTERM") as stop:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                inspect.getfullargspec(signalled)  # the handler runs in here or before
+                for _ in range(10 ** 6):
+                    pass
+            except Exception as error:  # noqa: BLE001 — what library code does
+                pytest.fail(f"the stop was caught as {error!r}")
+        assert stop.value.exit_status == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -20,8 +20,11 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP"
                 if hasattr(signal, name))
 
 
-class Interrupted(Exception):
-    """The run stopped on a signal after saving its state; the message says where."""
+class Interrupted(BaseException):
+    """The run stopped on a signal after saving its state; the message says where.  A
+    ``BaseException``, as ``KeyboardInterrupt`` is: raised by a signal's handler between a
+    comparison's runs it may land inside library code that catches every ``Exception``
+    (``inspect`` turns it into a TypeError, KerasTuner retries the trial), which would lose it."""
 
     def __init__(self, message, signum):
         super().__init__(message)
