@@ -9,9 +9,6 @@ same there as on the CPU-only CI machine.
 """
 
 import atexit
-import ctypes
-import ctypes.util
-import gc
 import os
 import shutil
 import tempfile
@@ -90,19 +87,3 @@ def pytest_xdist_make_scheduler(config, log):
 
     return Scheduling(config, log)
 
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _release_memory_after_each_module():
-    """Keras' global state cleared and freed heap handed back to the system after each module
-    (a test worker's memory grows through the suite: two workers peaked at 20 GB of 24 on
-    2026-12-05, with this clearing or without it)."""
-    yield
-    import keras
-
-    keras.backend.clear_session()
-    gc.collect()
-    if hasattr(_libc, "malloc_trim"):  # glibc; elsewhere the heap stays as it is
-        _libc.malloc_trim(0)

@@ -105,10 +105,10 @@ def teacher_backbone(model):
     and MoCo's key encoder; one line for a method that trains none."""
     from caco_tf.methods import METHODS
 
-    if getattr(model, "TEACHER", None) != "momentum" or model.key_encoder is None:
+    if model.TEACHER != "momentum":  # a warm-up's key encoder is not the method's teacher
         with_one = ", ".join(name for name, cls in METHODS.items() if cls.TEACHER == "momentum")
-        raise ConfigError(f"--teacher: {getattr(model, 'method', type(model).__name__)} "
-                          f"trains no momentum teacher; the methods that do: {with_one}")
+        raise ConfigError(f"--teacher: {model.method} trains no momentum teacher; the methods "
+                          f"that do: {with_one}")
     return model.key_encoder.layers[1]  # input, backbone, projector, L2, heads
 
 
