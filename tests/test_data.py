@@ -423,8 +423,9 @@ def test_labelled_multicrop_batches(tmp_path):
     assert_same_batches(plain, labelled, classes=3)
     crops, labels = labelled[0]
     assert [c.shape[1] for c in crops] == [8, 8, 4] and labels.shape == (5,)
-    from caco_tf.methods.base import _crops, _labels
-    assert len(_crops(labelled[0])) == 3 and _labels(labelled[0]) is labels
+    from caco_tf.methods.base import _crops_and_labels
+    parsed_crops, parsed_labels = _crops_and_labels(labelled[0])
+    assert len(parsed_crops) == 3 and parsed_labels is labels
 
 
 def test_a_selection_of_tfds_examples_trains_on_them_alone():

@@ -293,3 +293,12 @@ def test_a_method_without_its_docs_row_is_refused_in_one_line(monkeypatch):
                                          r"which docs/getting-started.md's table of "
                                          r"method.name shows$"):
         rendered(NAMES_TABLE[0])
+
+
+def test_the_base_holds_the_step_and_keras_plumbing_only():
+    """Each concern has its home (algorithm, online_probe, summary, old_files, state), so the
+    model that trains every method stays short enough to read in one sitting (issue 76: at most
+    350 lines)."""
+    with open(os.path.join(ROOT, "caco_tf", "methods", "base.py")) as base:
+        lines = len(base.read().splitlines())
+    assert lines <= 350, f"caco_tf/methods/base.py has {lines} lines: move a concern to its home"

@@ -137,7 +137,7 @@ class Method(Algorithm, keras.Model):
         """One step of ``phase`` (module docstring); without ``learn``, the loss and the
         diagnostics only (evaluation: inference mode, nothing updated)."""
         hooks = phase.hooks
-        crops, labels = _crops(data), _labels(data)
+        crops, labels = _crops_and_labels(data)
         split = len(crops) - self.masks_per_image  # the masks come after the crops
         crops, masks = crops[:split], crops[split:]
         given = {"masks": masks} if masks else {}  # only a method that declares them
@@ -332,20 +332,11 @@ class Method(Algorithm, keras.Model):
             (print_fn or print)(line)
 
 
-def _crops(data):
-    """Every crop of a batch, two global crops first: (view1, view2, ...), ((views), label)
-    or {'views': ..., 'label': ...}."""
+def _crops_and_labels(data):
+    """A batch's crops, two global crops first, and its labels (None if absent; they are for
+    evaluation only): (view1, view2, ...), ((views), label) or {'views': ..., 'label': ...}."""
     if isinstance(data, dict):
-        data = data["views"]
+        return _crops_and_labels(data["views"])[0], data.get("label")
     if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], (tuple, list)):
-        data = data[0]  # ((views), label): labels are for evaluation only
-    return tuple(data)
-
-
-def _labels(data):
-    """The labels of a (views, label) or {'views': ..., 'label': ...} batch; None if absent."""
-    if isinstance(data, dict):
-        return data.get("label")
-    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], (tuple, list)):
-        return data[1]
-    return None
+        return tuple(data[0]), data[1]
+    return tuple(data), None
