@@ -109,7 +109,7 @@ def teacher_backbone(model):
         with_one = ", ".join(name for name, cls in METHODS.items() if cls.TEACHER == "momentum")
         raise ConfigError(f"--teacher: {model.method} trains no momentum teacher; the methods "
                           f"that do: {with_one}")
-    return model.key_encoder.layers[1]  # input, backbone, projector, L2, heads
+    return model.key_encoder.backbone
 
 
 def untrained_backbone(config, seed):

@@ -381,8 +381,8 @@ class IJEPA(Method):
     def momentum_teacher(self, momentum):
         teacher = super().momentum_teacher(momentum)
         # Its projector copy is not followed either (the student's is frozen).
-        teacher.layers[2].trainable = False
-        self.target_backbone = teacher.layers[1]
+        teacher.projector.trainable = False
+        self.target_backbone = teacher.backbone
         _freeze_unused_tokens(self.target_backbone)
         return teacher
 

@@ -43,6 +43,17 @@ class MomentumEncoder(keras.Model):
         super().__init__(*_encoder_graph(backbone, projector, heads), name=name)
         self.momentum = as_schedule(momentum)  # m, a float or a schedule of the step
 
+    # Its layers: the input, the backbone, the projector, the L2 normalization, the heads.
+    @property
+    def backbone(self):
+        """The teacher's copy of the student's backbone (what its authors evaluate)."""
+        return self.layers[1]
+
+    @property
+    def projector(self):
+        """The teacher's copy of the student's projector."""
+        return self.layers[2]
+
     @classmethod
     def following(cls, student, backbone, projector, momentum=0.99, heads=()):
         """A teacher built from copies of ``backbone``, ``projector`` and ``heads``, equal to
