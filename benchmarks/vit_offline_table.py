@@ -5,9 +5,11 @@
 RUNS_DIR holds ``held_<method>_s<seed>/`` run folders, each with the probes that
 ``caco-evaluate knn|linear --run RUN`` and ``... --untrained --seed SEED`` wrote
 (``eval_<protocol>.json``, ``eval_<protocol>_untrained.json``).  Each method is set against the
-same ViT at its initialization, seed by seed (the paired t interval), and every claim of the
-page is one family under Holm's correction: these rows' and the page's three earlier claims
-(MoCo v3 and DINO above their untrained ViT, MoCo v3 above DINO: ``EARLIER_P``).
+same ViT at its initialization, seed by seed (the paired t interval), and, where
+``benchmarks/vit_untrained_init.py`` wrote them (``eval_<protocol>_untrained_xavier.json``),
+against the same ViT untrained under MAE's xavier initialization.  Every claim of the page is
+one family under Holm's correction: these rows' and the page's three earlier claims (MoCo v3
+and DINO above their untrained ViT, MoCo v3 above DINO: ``EARLIER_P``).
 """
 
 import argparse
@@ -26,10 +28,14 @@ EARLIER_P = {"MoCo v3 above its untrained ViT (kNN)": 0.007,
              "MoCo v3 above DINO (kNN)": 0.012}
 NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA"}
 PROTOCOLS = ("linear", "knn")
+# The untrained baselines: (file suffix, the claim's words), the first required.
+BASELINES = (("_untrained", "its untrained ViT"),
+             ("_untrained_xavier", "its ViT untrained under xavier init"))
 
 
 def figures(runs_dir):
-    """{method: {seed: {protocol: (trained, untrained)}}} of every finished run folder."""
+    """{method: {seed: {protocol: (trained, {baseline suffix: untrained})}}} of every finished
+    run folder."""
     found = {}
     for folder in sorted(glob.glob(os.path.join(runs_dir, "held_*_s*"))):
         match = re.fullmatch(r"held_(\w+?)_s(\d+)", os.path.basename(folder))
@@ -38,10 +44,16 @@ def figures(runs_dir):
         method, seed = match.group(1), int(match.group(2))
         probes = {}
         for protocol in PROTOCOLS:
-            paths = [os.path.join(folder, f"eval_{protocol}{kind}.json")
-                     for kind in ("", "_untrained")]
-            if all(os.path.exists(p) for p in paths):
-                probes[protocol] = tuple(json.load(open(p))["top1"] for p in paths)
+            trained, first = (os.path.join(folder, f"eval_{protocol}{kind}.json")
+                              for kind in ("", BASELINES[0][0]))
+            if not (os.path.exists(trained) and os.path.exists(first)):
+                continue
+            baselines = {}
+            for suffix, _ in BASELINES:
+                path = os.path.join(folder, f"eval_{protocol}{suffix}.json")
+                if os.path.exists(path):
+                    baselines[suffix] = json.load(open(path))["top1"]
+            probes[protocol] = (json.load(open(trained))["top1"], baselines)
         if len(probes) == len(PROTOCOLS):
             found.setdefault(method, {})[seed] = probes
     return found
@@ -57,30 +69,43 @@ def table(found):
         order = sorted(seeds)
         for protocol in PROTOCOLS:
             trained = [seeds[s][protocol][0] for s in order]
-            untrained = [seeds[s][protocol][1] for s in order]
-            name = f"{NAMES.get(method, method)} above its untrained ViT ({protocol})"
-            paired = statistics.paired_comparison(trained, untrained)
-            p = statistics.paired_p_value(trained, untrained) if len(order) > 1 else 1.0
-            claims[name] = p
-            rows.append((method, protocol, order, trained, untrained, paired, name))
+            for suffix, words in BASELINES:
+                if not all(suffix in seeds[s][protocol][1] for s in order):
+                    continue  # a baseline measured on every seed, or not at all
+                untrained = [seeds[s][protocol][1][suffix] for s in order]
+                name = f"{NAMES.get(method, method)} above {words} ({protocol})"
+                paired = statistics.paired_comparison(trained, untrained)
+                p = statistics.paired_p_value(trained, untrained) if len(order) > 1 else 1.0
+                claims[name] = p
+                rows.append((method, protocol, order, trained, untrained, paired, name, words))
     family = dict(EARLIER_P, **claims)
     adjusted = dict(zip(family, statistics.holm(list(family.values()))))
     print("| method | probe | " + " | ".join(f"seed {s}" for s in rows[0][2]) +
-          " | mean [95 % interval] | untrained, same seeds | trained − untrained, paired "
-          "| p (Holm) |")
-    print("|---|---|" + "---:|" * len(rows[0][2]) + "---|---|---|---|")
-    for method, protocol, order, trained, untrained, paired, name in rows:
+          " | mean [95 % interval] | against | untrained, same seeds | trained − untrained, "
+          "paired | p (Holm) |")
+    print("|---|---|" + "---:|" * len(rows[0][2]) + "---|---|---|---|---|")
+    for method, protocol, order, trained, untrained, paired, name, words in rows:
         difference = paired.difference
-        held = adjusted[name] < 0.05 and difference.low > 0
+        verdict = _verdict(adjusted[name], difference)
         print(f"| {NAMES.get(method, method)} | {protocol} | "
               + " | ".join(f"{x:.1f} %" for x in trained)
-              + f" | {statistics.interval_text(trained)} | {statistics.interval_text(untrained)}"
+              + f" | {statistics.interval_text(trained)} | {words}"
+              f" | {statistics.interval_text(untrained)}"
               f" | {difference.mean:+.1f} points [{difference.low:.1f}, {difference.high:.1f}]"
               f" | {_p(family[name])} ({_p(adjusted[name])}): "
-              f"{'above' if held else 'no difference after correction'} |")
-    told = sum(adjusted[n] < 0.05 for n in family)
-    print(f"\nThe page's {len(family)} paired claims, one family: {told} of {len(family)} hold "
-          f"after Holm's correction at 0.05.")
+              f"{verdict} |")
+    reversed_ = sum(_verdict(adjusted[row[6]], row[5].difference) == "below" for row in rows)
+    held = sum(adjusted[n] < 0.05 for n in family) - reversed_
+    print(f"\nThe page's {len(family)} paired claims, one family: {held} of {len(family)} hold "
+          f"after Holm's correction at 0.05" + (f"; {reversed_} reversed (the trained network "
+                                               f"below its baseline)." if reversed_ else "."))
+
+
+def _verdict(adjusted_p, difference):
+    """A two-sided test's reading: a difference told apart after correction, either way."""
+    if adjusted_p >= 0.05:
+        return "no difference after correction"
+    return "above" if difference.low > 0 else "below"
 
 
 def write_tiny_runs(folder):

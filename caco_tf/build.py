@@ -254,14 +254,15 @@ def build_model(config, steps_per_epoch, num_replicas=1, num_classes=None, views
 
 
 def vit_options(model):
-    """A ViT's DINOv2 options (``nets.vit.build_vit``) of the model settings, those set only."""
+    """A ViT's options (``nets.vit.build_vit``: DINOv2's, the initialization) of the model
+    settings, those set only."""
     options = {"layer_scale": model.layer_scale, "registers": model.registers,
                "mask_token": model.mask_token, "interpolate_offset": model.interpolate_offset,
                "interpolate_antialias": model.interpolate_antialias,
-               "drop_path_uniform": model.drop_path_uniform}
+               "drop_path_uniform": model.drop_path_uniform, "init": model.vit_init}
     defaults = {"layer_scale": 0.0, "registers": 0, "mask_token": False,
                 "interpolate_offset": 0.1, "interpolate_antialias": False,
-                "drop_path_uniform": False}
+                "drop_path_uniform": False, "init": "trunc_normal"}
     return {key: value for key, value in options.items() if value != defaults[key]}
 
 

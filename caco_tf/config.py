@@ -301,6 +301,12 @@ CORE_SETTINGS = {
         "learned", choice("learned", "sincos"),
         "a ViT's position embeddings: learned (DINO; resized bicubically for other crop sizes) "
         "or fixed 2-D sine-cosine (MoCo v3)"),
+    "model.vit_init": Setting(
+        "trunc_normal", choice("trunc_normal", "xavier"),
+        "a ViT's initial weights: trunc_normal, std 0.02 on every Linear and the patch embedding "
+        "(DINO's, I-JEPA's); xavier, xavier-uniform on both, the patch embedding flattened "
+        "(MAE's). At ImageNet's 16 px RGB patches both give the patch embedding about the "
+        "same scale; at 4 px gray patches xavier's is 7x trunc_normal's (docs/vit.md)"),
     "model.frozen_patch_embedding": Setting(
         False, boolean(), "a ViT's patch projection stays at its random initialization (MoCo "
         "v3's stop_grad_conv1, which it found stabilizes training)"),
@@ -681,7 +687,7 @@ def _validate(config):
 VIT_SETTINGS = {"drop_path": 0.0, "position_embedding": "learned", "frozen_patch_embedding": False,
                 "drop_path_uniform": False, "layer_scale": 0.0, "registers": 0,
                 "mask_token": False, "position_table_size": None, "interpolate_offset": 0.1,
-                "interpolate_antialias": False}
+                "interpolate_antialias": False, "vit_init": "trunc_normal"}
 
 
 def _check_vit(model):

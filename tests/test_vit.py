@@ -160,6 +160,33 @@ def test_moco_v3s_frozen_patch_projection_is_left_out_of_training():
     assert not any("pos_embed" in w.path for w in model.weights)  # fixed, not a weight
 
 
+def test_maes_xavier_init_sets_each_kernel_as_a_linear_of_its_fan_in_and_fan_out():
+    """MAE's initialize_weights: xavier-uniform on every Linear and on the patch convolution
+    viewed as a Linear [D, p·p·C]: bound sqrt(6 / (fan_in + fan_out)), std bound / sqrt(3)."""
+    shape, built = vit.ViTShape(patch=4, width=96, depth=1, heads=3), {}
+    for init, patch_bound in (("xavier", math.sqrt(6 / (16 + 96))), ("trunc_normal", 0.04)):
+        keras.utils.set_random_seed(0)
+        model = built[init] = vit.build_vit(shape, (28, 28, 1), positions="sincos", init=init)
+        kernel = model.get_layer("patch_embed").proj.kernel.numpy()
+        assert kernel.shape == (4, 4, 1, 96) and np.abs(kernel).max() <= patch_bound
+        if init == "xavier":
+            np.testing.assert_allclose(kernel.std(), patch_bound / math.sqrt(3), rtol=0.05)
+            block = model.get_layer("blocks_0")
+            for dense, (fan_in, fan_out) in ((block.attn_qkv, (96, 288)),
+                                             (block.mlp_fc2, (384, 96))):
+                bound = math.sqrt(6 / (fan_in + fan_out))
+                weights = dense.kernel.numpy()
+                assert np.abs(weights).max() <= bound
+                np.testing.assert_allclose(weights.std(), bound / math.sqrt(3), rtol=0.05)
+        else:
+            np.testing.assert_allclose(kernel.std(), 0.02 * 0.88, rtol=0.1)  # truncated at 2σ
+    config = load_config(None, ["model.backbone=vit_micro_patch4", "model.pool_grid=1",
+                                "model.vit_init=xavier"])
+    assert config["model"]["vit_init"] == "xavier"
+    copy = keras.models.clone_model(built["xavier"])  # a teacher: its configuration keeps it
+    assert copy.get_layer("patch_embed").init == copy.get_layer("blocks_0").init == "xavier"
+
+
 def test_a_vit_saves_and_loads_with_the_same_features(tmp_path):
     model = vit.build_vit(TINY, (None, None, 1), image_size=8, drop_path=0.2)
     path = str(tmp_path / "vit.keras")
@@ -229,6 +256,7 @@ def test_the_adamw_recipe_is_built_from_the_configuration():
                                           "vit_micro_patch4"),
     (["model.drop_path=0.1"], r"model.drop_path applies to the vit_\* backbones"),
     (["model.position_embedding=sincos"], r"model.position_embedding applies to the vit_\*"),
+    (["model.vit_init=xavier"], r"model.vit_init applies to the vit_\* backbones"),
     (["train.weight_decay_end=0.4"], "train.weight_decay_end needs train.optimizer adamw"),
     (["model.backbone=vit_small_patch16", "model.pool_grid=1", "data.views=asymmetric",
       "data.image_size=8"], "data.image_size 8 is too small for model.backbone "

@@ -72,6 +72,26 @@ def _truncated_normal():
     return keras.initializers.TruncatedNormal(stddev=0.02)
 
 
+# A ViT's initial weights (``build_vit``'s ``init``): "trunc_normal", timm's std 0.02 on every
+# Linear and the patch embedding (DINO's Linears; I-JEPA's Linears and patch convolution);
+# "xavier", MAE's ``initialize_weights`` (xavier-uniform on every Linear and on the patch
+# convolution viewed as a Linear, ``[D, p·p·C]``).  The tokens keep std 0.02 in both.
+VIT_INITS = ("trunc_normal", "xavier")
+
+
+def _linear_initializer(init):
+    return _truncated_normal() if init == "trunc_normal" else "glorot_uniform"
+
+
+def _patch_initializer(init, fan_in, width):
+    """The patch convolution's kernel initializer: as a Linear from its ``fan_in`` = p·p·C
+    pixels to ``width`` (Keras' own glorot would count the kernel's p·p in its fan-out)."""
+    if init == "trunc_normal":
+        return _truncated_normal()
+    limit = float(np.sqrt(6.0 / (fan_in + width)))
+    return keras.initializers.RandomUniform(-limit, limit)
+
+
 def _cubic_weight(distance, a=-0.75):
     """PyTorch's bicubic convolution kernel (Keys, A = -0.75; -0.5 when antialiased) at
     ``|distance|`` < 2."""
@@ -133,14 +153,17 @@ class PatchEmbedding(layers.Layer):
     """Images ``[B, H, W, C]`` → the patch grid ``[B, H/p, W/p, D]`` (PyTorch's ``patch_embed``:
     a convolution of kernel and stride p, which drops a remainder of fewer than p pixels)."""
 
-    def __init__(self, patch, width, **kwargs):
+    def __init__(self, patch, width, init="trunc_normal", **kwargs):
         super().__init__(**kwargs)
-        self.patch, self.width = int(patch), int(width)
+        self.patch, self.width, self.init = int(patch), int(width), init
         self.proj = layers.Conv2D(self.width, self.patch, strides=self.patch, padding="valid",
-                                  kernel_initializer=_truncated_normal(), name="proj")
+                                  name="proj")
         self.proj.trainable = self.trainable  # a copy of a frozen one (from_config) stays frozen
 
     def build(self, input_shape):
+        # The initializer needs the channels, known here.
+        self.proj.kernel_initializer = _patch_initializer(
+            self.init, self.patch * self.patch * int(input_shape[-1]), self.width)
         self.proj.build(input_shape)
 
     def call(self, images):
@@ -150,7 +173,10 @@ class PatchEmbedding(layers.Layer):
         return self.proj.compute_output_shape(input_shape)
 
     def get_config(self):
-        return dict(super().get_config(), patch=self.patch, width=self.width)
+        config = dict(super().get_config(), patch=self.patch, width=self.width)
+        if self.init != "trunc_normal":  # only when set: the config it always had otherwise
+            config["init"] = self.init
+        return config
 
 
 @keras.saving.register_keras_serializable(package="caco_tf")
@@ -340,13 +366,15 @@ class TransformerBlock(layers.Layer):
     ``x + DropPath(ls1(Attention(LN(x))))``), the scales started at that value; 0: none.
     """
 
-    def __init__(self, width, heads, mlp_ratio=4.0, drop_path=0.0, layer_scale=0.0, **kwargs):
+    def __init__(self, width, heads, mlp_ratio=4.0, drop_path=0.0, layer_scale=0.0,
+                 init="trunc_normal", **kwargs):
         super().__init__(**kwargs)
         if width % heads:
             raise ValueError(f"the width {width} must be divisible by the heads {heads}")
         self.width, self.heads = int(width), int(heads)
         self.mlp_ratio, self.drop_path = float(mlp_ratio), float(drop_path)
-        dense = dict(kernel_initializer=_truncated_normal(), bias_initializer="zeros")
+        self.init = init
+        dense = dict(kernel_initializer=_linear_initializer(init), bias_initializer="zeros")
         self.norm1 = layers.LayerNormalization(epsilon=1e-6, name="norm1")
         self.attn_qkv = layers.Dense(3 * self.width, name="attn_qkv", **dense)
         self.attn_proj = layers.Dense(self.width, name="attn_proj", **dense)
@@ -406,6 +434,8 @@ class TransformerBlock(layers.Layer):
                       mlp_ratio=self.mlp_ratio, drop_path=self.drop_path)
         if self.layer_scale:  # only when set: a block without it saves the config it always had
             config["layer_scale"] = self.layer_scale
+        if self.init != "trunc_normal":
+            config["init"] = self.init
         return config
 
 
@@ -426,7 +456,7 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
               layer_scale: float = 0.0, registers: int = 0, mask_token: bool = False,
               interpolate_offset: float = DINO_SCALE_OFFSET,
               interpolate_antialias: bool = False,
-              drop_path_uniform: bool = False) -> keras.Model:
+              drop_path_uniform: bool = False, init: str = "trunc_normal") -> keras.Model:
     """The ViT ``name`` (``VIT_PRESETS``, or a ``ViTShape``) on images ``input_shape``, its
     features the class token's.
 
@@ -437,8 +467,11 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
     (``stop_grad_conv1``).  ``layer_scale``, ``registers``, ``mask_token``,
     ``interpolate_offset``, ``interpolate_antialias``: DINOv2's (``TransformerBlock``,
     ``Tokens``); ``drop_path_uniform``: every block at the ``drop_path`` rate (DINOv2's
-    ``drop_path_uniform``); their defaults leave DINO's ViT.
+    ``drop_path_uniform``); their defaults leave DINO's ViT.  ``init``: the initial weights
+    (``VIT_INITS``: DINO's ``trunc_normal`` or MAE's ``xavier``).
     """
+    if init not in VIT_INITS:
+        raise ValueError(f"a ViT's init is one of {', '.join(VIT_INITS)}, got {init!r}")
     shape, name = (name, "vit") if isinstance(name, ViTShape) else (VIT_PRESETS[name], name)
     height, width, _ = input_shape
     size = image_size or height
@@ -449,7 +482,7 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
     if grid < 1:
         raise ValueError(f"{name}'s patch {shape.patch} is larger than the image ({size} px)")
     inputs = keras.Input(shape=tuple(input_shape), dtype="float32", name="images")
-    patch_embed = PatchEmbedding(shape.patch, shape.width, name="patch_embed")
+    patch_embed = PatchEmbedding(shape.patch, shape.width, init=init, name="patch_embed")
     patch_embed.trainable = not frozen_patch_embedding
     x = Tokens(grid, shape.width, positions, registers=registers, mask_token=mask_token,
                interpolate_offset=interpolate_offset, interpolate_antialias=interpolate_antialias,
@@ -459,7 +492,7 @@ def build_vit(name, input_shape: Tuple[Optional[int], Optional[int], int],
         rates = np.full(shape.depth, float(drop_path))
     for index in range(shape.depth):
         x = TransformerBlock(shape.width, shape.heads, drop_path=float(rates[index]),
-                             layer_scale=layer_scale, name=f"blocks_{index}")(x)
+                             layer_scale=layer_scale, init=init, name=f"blocks_{index}")(x)
     x = layers.LayerNormalization(epsilon=1e-6, name="norm")(x)
     return keras.Model(inputs, ClassToken(name="class_token")(x), name=name)
 
