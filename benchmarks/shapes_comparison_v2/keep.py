@@ -12,8 +12,8 @@ def keep(work):
     kept = 0
     for root, _, files in os.walk(work):
         relative = os.path.relpath(root, work)
-        if relative.split(os.sep)[0] in ("tuner", "report", "baselines"):
-            continue  # rebuilt from the runs
+        if relative.split(os.sep)[0] in ("tuner", "report"):
+            continue  # rebuilt from the runs (the baselines are measurements: kept)
         if relative.startswith("runs") and "results.json" not in files:
             continue  # a run under way: its checkpoints are not kept
         for name in files:
