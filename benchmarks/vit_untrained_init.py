@@ -13,7 +13,6 @@ the untrained features far weaker (docs/vit.md).
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
@@ -24,8 +23,8 @@ import _harness  # noqa: E402
 
 
 def untrained_copy(run, folder, init):
-    """A run folder in ``folder`` with ``run``'s configuration but ``model.vit_init`` and its
-    checkpoint (caco-evaluate reads one to know the run finished); returns (path, seed)."""
+    """A run folder in ``folder`` with ``run``'s configuration but ``model.vit_init`` (a
+    baseline reads no weights); returns (path, seed)."""
     with open(os.path.join(run, "config.yaml")) as handle:
         config = yaml.safe_load(handle)
     config["model"]["vit_init"] = init
@@ -33,7 +32,6 @@ def untrained_copy(run, folder, init):
     copy = tempfile.mkdtemp(prefix=os.path.basename(os.path.normpath(run)) + "_", dir=folder)
     with open(os.path.join(copy, "config.yaml"), "w") as handle:
         yaml.safe_dump(config, handle, sort_keys=False)
-    shutil.copytree(os.path.join(run, "checkpoints"), os.path.join(copy, "checkpoints"))
     return copy, int(config["train"]["seed"])
 
 

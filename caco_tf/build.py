@@ -435,17 +435,23 @@ def load_run(run_dir):
     ``.keras`` file (``model.save``; the run's configuration travels in it)."""
     if str(run_dir).endswith(".keras"):
         return load_keras_file(run_dir)
+    run = load_run_config(run_dir)
+    weights = RunFolder(run_dir).checkpoint
+    if not os.path.exists(weights):
+        raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
+    model = build_model(run.config, steps_per_epoch=1, views=run.views)
+    model.load_weights(weights)
+    return run._replace(model=model)
+
+
+def load_run_config(run_dir):
+    """A run folder's configuration and views, no weights read (``model`` None): what a
+    baseline of the run needs, before its first checkpoint or without one."""
     folder = RunFolder(run_dir)
-    weights = folder.checkpoint
     if not os.path.exists(folder.config):
         raise ConfigError(f"no config.yaml in {run_dir}: not a run folder")
     config = load_config(folder.config, saved=True)  # as written, by this version or before
-    if not os.path.exists(weights):
-        raise ConfigError(f"no checkpoint at {weights}: has the run finished an epoch?")
-    views = run_views(config)
-    model = build_model(config, steps_per_epoch=1, views=views)
-    model.load_weights(weights)
-    return Run(run_dir, config, model, views)
+    return Run(run_dir, config, None, run_views(config))
 
 
 def load_keras_file(path):

@@ -4,6 +4,7 @@ the printed table and JSON, and one-line errors.  TFDS data is tfds.testing.mock
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -134,6 +135,14 @@ def test_untrained_baseline_is_the_runs_network_before_training(run_dir, capsys)
         expected = protocols.knn(fresh, labelled, protocols.preprocessing_for(run.config), 3,
                                  0.07)
     assert result["top1"] == pytest.approx(expected["top1"])
+    # A baseline reads no weights: a run folder before its first checkpoint has one too.
+    early = os.path.join(os.path.dirname(run_dir), "before_its_first_epoch")
+    os.makedirs(early)
+    shutil.copy(os.path.join(run_dir, "config.yaml"), early)
+    status, out, err = cli(capsys, "knn", "--run", early, "--untrained", "--seed", "3")
+    assert status == 0, err
+    assert json.load(open(os.path.join(early, "eval_knn_untrained.json")))["top1"] == \
+        result["top1"]
 
 
 def test_teacher_evaluates_the_momentum_teachers_backbone(tmp_path, capsys):

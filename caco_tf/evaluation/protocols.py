@@ -18,7 +18,7 @@ import keras
 
 from caco_tf import data
 from caco_tf.data.sources import HELD_OUT_SOURCES, ArraySource
-from caco_tf.build import build_model, load_data, load_run, run_views
+from caco_tf.build import build_model, load_data, load_run, load_run_config, run_views
 from caco_tf.run_settings import RunSettings
 from caco_tf.evaluation import knn as knn_lib
 from caco_tf.evaluation import linear
@@ -176,7 +176,10 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
         raise ConfigError(f"--held-out must be {RULES['data.held_out'].allowed}, got "
                           f"{held_out!r}")
     given = config is not None
-    loaded = load_run(run) if run else None
+    if run and baseline and not str(run).endswith(".keras"):
+        loaded = load_run_config(run)  # a baseline reads no trained weight
+    else:
+        loaded = load_run(run) if run else None
     config = loaded.config if loaded else (config if given else DEFAULTS)
     labelled = load_labelled_data(data, config, held_out)
     if loaded is None and not given and isinstance(labelled.train, ArraySource):
