@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -132,12 +133,13 @@ def test_a_final_run_measures_every_draw_once_and_records_their_mean_and_spread(
 
     def evaluate(protocol, **given):
         asked.append(given)
+        time.sleep(0.2)  # a probe's time, which the entry adds up
         return {"top1": [61.0, 63.5, 58.0][draw_of(given["data"])]}
 
     monkeypatch.setattr("caco_tf.evaluation.protocols.evaluate", evaluate)
     # Stopped after its first draw: the run resumes at the second.
     comparison.save_entry(key, {"seed": 1, "knn_top1": 91.0, "linear_top1": 92.0,
-                                "few_label_top1_draws": [61.0]})
+                                "few_label_top1_draws": [61.0], "probe_seconds": 5.0})
     assert not runner.finished(comparison, key, True)
     entry = runner.evaluate(comparison, key)
     assert [draw_of(given["data"]) for given in asked] == [1, 2]
@@ -147,6 +149,7 @@ def test_a_final_run_measures_every_draw_once_and_records_their_mean_and_spread(
     assert entry["few_label_top1_draws"] == [61.0, 63.5, 58.0]
     assert entry["few_label_top1"] == pytest.approx(182.5 / 3)
     assert entry["few_label_top1_sd"] == pytest.approx(sd, abs=1e-6)
+    assert 5.35 <= entry["probe_seconds"] < 10  # the first session's 5 s and these two draws'
     assert comparison.entry(key) == entry and runner.finished(comparison, key, True)
     # The report reads the same figures back from the run folder's JSONs.
     comparison.save_entry(key, dict(entry, few_label_top1_draws=[61.0]))  # not what it reads

@@ -306,6 +306,33 @@ def test_the_estimate_times_a_methods_training_by_its_runs_finished_on_this_mach
     assert runner.estimate_seconds(comparison) == pytest.approx(64.0 / 3200 * 4000)
 
 
+def test_the_estimate_times_a_methods_probes_by_its_finals_probed_on_this_machine(tmp_path):
+    """A final run's probes (linear, no few-label draws in this plan) are timed by the median
+    of its method's finished finals on this machine, else by the calibration."""
+    from caco_tf.machine import machine
+
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0]})
+    costs = {"image_seconds": 0.001, "fit_seconds": 2.0, "step_seconds": 0.01}
+    comparison.state = {"calibration": {"caco": {"step_seconds": 0.0, "setup_seconds": 0.0}},
+                        "evaluation": costs}
+    comparison.save_entry("final/caco/seed2", {"knn_top1": 92.0})  # trained, not probed
+    calibrated = runner.linear_seconds(costs, 4000, 1000, 1) + runner.baseline_seconds(
+        comparison, costs)
+    assert runner.estimate_seconds(comparison) == pytest.approx(calibrated)
+    for seed, seconds in ((0, 30.0), (1, 50.0)):
+        comparison.save_entry(comparison.final_key("caco", seed), {
+            "knn_top1": 90.0, "linear_top1": 91.0, "probe_seconds": seconds,
+            "machines": [machine()]})
+    timed = 40.0 + runner.baseline_seconds(comparison, costs)
+    assert runner.estimate_seconds(comparison) == pytest.approx(timed)
+    # Probed (even in part) on another machine: not this machine's time.
+    comparison.save_entry(comparison.final_key("caco", 1), {
+        "knn_top1": 90.0, "linear_top1": 91.0, "probe_seconds": 50.0,
+        "machines": [machine(), "CPU B, 2 cores"]})
+    assert runner.estimate_seconds(comparison) == pytest.approx(
+        30.0 + runner.baseline_seconds(comparison, costs))
+
+
 def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):
     comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
                                                   "byol": [85.0, 86.0, 86.5]})

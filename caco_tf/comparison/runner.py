@@ -695,11 +695,19 @@ def evaluate(comparison, key):
     arguments, run_dir = comparison.plan["arguments"], comparison.run_dir(key)
     linear = dict(epochs=arguments["linear_epochs"], verbose=0, seed=entry["seed"])
     note_machine(entry)
+    started = time.monotonic()
+
+    def timed():  # the probes' seconds so far, summed over the sessions that ran them
+        entry["probe_seconds"] = round(entry.get("probe_seconds", 0.0)
+                                       + time.monotonic() - started, 1)
+
     if "linear_top1" not in entry:
         result = protocols.evaluate("linear", run=run_dir, **linear)
         write_json_atomically(os.path.join(run_dir, LINEAR), result, indent=1)
         entry["linear_top1"] = result["top1"]
+        timed()
         comparison.save_entry(key, entry)
+        started = time.monotonic()
     draws = few_label_splits(comparison)
     if draws and "few_label_top1" not in entry:
         values = list(entry.get("few_label_top1_draws", []))
@@ -711,6 +719,8 @@ def evaluate(comparison, key):
             write_json_atomically(os.path.join(run_dir, few_label_file(split)), result,
                                   indent=1)
             values.append(result["top1"])
+            timed()
+            started = time.monotonic()
             if split != "few_labels":  # a plan's one draw of old: its figure alone, as before
                 entry["few_label_top1_draws"] = values
                 comparison.save_entry(key, entry)
@@ -1037,8 +1047,9 @@ def estimate_seconds(comparison):
     """The seconds the runs the state lacks will take: the training (from the method's runs
     finished on this machine, ``seconds_per_image_trained``, else from the calibration: the
     steps and the kNN at the run's end) and, per seed, the linear evaluation and the
-    few-label one of each label draw not measured yet; then the baselines not measured yet
-    (``baseline_seconds``)."""
+    few-label one of each label draw not measured yet (from the method's finals probed on this
+    machine, ``probe_seconds``, else from the calibration); then the baselines not measured
+    yet (``baseline_seconds``)."""
     calibration = comparison.state.get("calibration", {})
     costs = comparison.state.get("evaluation")
     plan, images = comparison.plan, comparison.plan["images"]
@@ -1046,6 +1057,7 @@ def estimate_seconds(comparison):
     draws = len(few_label_splits(comparison))
     entries = {key: comparison.entry(key) for key, *_ in comparison.runs()}  # each read once
     per_image = seconds_per_image_trained(comparison, entries)
+    probes = probe_seconds(comparison, entries)
     total = 0.0
     for key, method, trial, seed, final in comparison.runs():
         entry = entries[key]
@@ -1063,7 +1075,10 @@ def estimate_seconds(comparison):
                 total += costs["image_seconds"] * (
                     images["train"] + images["test"] if final
                     else images["tune"] + images["validation"])
-        if final and costs:
+        if final and method in probes and "linear_top1" not in entry \
+                and not entry.get("few_label_top1_draws"):
+            total += probes[method]  # every probe of the run, as its finished seeds took
+        elif final and costs:
             epochs = arguments["linear_epochs"]
             if "linear_top1" not in entry:
                 total += linear_seconds(costs, images["train"], images["test"], epochs)
@@ -1088,6 +1103,19 @@ def seconds_per_image_trained(comparison, entries):
         if "knn_top1" in entry and entry.get("train_seconds") and entry.get("machines") == [here]:
             found.setdefault(method, []).append(
                 entry["train_seconds"] / (images["train" if final else "tune"] * epochs))
+    return {method: float(np.median(values)) for method, values in found.items()}
+
+
+def probe_seconds(comparison, entries):
+    """{method: the median over its final runs probed to the end on this machine alone of
+    their ``probe_seconds`` (the linear probe and every few-label draw)}: as
+    ``seconds_per_image_trained``, a method's own probes say more than the calibration."""
+    here, found = machine(), {}
+    for key, method, trial, seed, final in comparison.runs():
+        entry = entries[key]
+        if final and entry.get("probe_seconds") and entry.get("machines") == [here] \
+                and finished(comparison, key, final, entry):
+            found.setdefault(method, []).append(entry["probe_seconds"])
     return {method: float(np.median(values)) for method, values in found.items()}
 
 
