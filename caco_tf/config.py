@@ -562,7 +562,7 @@ ABSENT_MEANS = {
     ("model", "layer_scale"): 0.0, ("model", "registers"): 0, ("model", "mask_token"): False,
     ("model", "drop_path_uniform"): False,
     ("model", "position_table_size"): None, ("model", "interpolate_offset"): 0.1,
-    ("model", "interpolate_antialias"): False,
+    ("model", "interpolate_antialias"): False, ("model", "vit_init"): "trunc_normal",
     ("train", "weight_decay_end"): None, ("train", "decay_biases_and_norms"): True,
     ("train", "clip_gradient_norm"): 0.0, ("train", "final_learning_rate"): 0.0,
     ("train", "export"): True,
