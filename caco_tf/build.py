@@ -305,7 +305,7 @@ def build_planned_model(settings, plan, views=None):
             plan.batch_size, plan.total_steps, train.lr_warmup_epochs * plan.steps_per_epoch,
             optimizer=train.optimizer, learning_rate=train.learning_rate,
             weight_decay=train.weight_decay, momentum=train.momentum,
-            weight_decay_end=train.weight_decay_end,
+            weight_decay_end=train.weight_decay_end, adamw_beta2=train.adamw_beta2,
             decay_biases_and_norms=train.decay_biases_and_norms,
             clip_gradient_norm=train.clip_gradient_norm,
             final_learning_rate=train.final_learning_rate),

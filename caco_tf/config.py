@@ -355,6 +355,9 @@ CORE_SETTINGS = {
         None, optional(number(0.0), "constant"),
         "adamw: the weight decay at the end of the run, reached on a cosine (DINO's "
         "--weight_decay_end)", derived=float),
+    "train.adamw_beta2": Setting(
+        0.999, number(0.0, 1.0, low_open=True, high_open=True),
+        "adamw: the second moment's decay (PyTorch's default 0.999; MAE's 0.95)"),
     "train.decay_biases_and_norms": Setting(
         True, boolean(), "decay the 1-D parameters (biases, norms' scales and shifts) too; "
         "false: DINO's parameter groups (LARS never decays them)"),
@@ -563,7 +566,7 @@ ABSENT_MEANS = {
     ("model", "drop_path_uniform"): False,
     ("model", "position_table_size"): None, ("model", "interpolate_offset"): 0.1,
     ("model", "interpolate_antialias"): False, ("model", "vit_init"): "trunc_normal",
-    ("train", "weight_decay_end"): None, ("train", "decay_biases_and_norms"): True,
+    ("train", "weight_decay_end"): None, ("train", "adamw_beta2"): 0.999, ("train", "decay_biases_and_norms"): True,
     ("train", "clip_gradient_norm"): 0.0, ("train", "final_learning_rate"): 0.0,
     ("train", "export"): True,
     ("method", "moco_v3", "projector_layers"): 2,
@@ -648,6 +651,9 @@ def _validate(config):
     if train["weight_decay_end"] is not None and train["optimizer"] != "adamw":
         raise ConfigError(f"train.weight_decay_end needs train.optimizer adamw (the SGD and "
                           f"LARS decay is coupled and constant), got train.optimizer "
+                          f"{train['optimizer']}")
+    if train["adamw_beta2"] != 0.999 and train["optimizer"] != "adamw":
+        raise ConfigError(f"train.adamw_beta2 needs train.optimizer adamw, got train.optimizer "
                           f"{train['optimizer']}")
     if train["lr_warmup_epochs"] > train["epochs"]:
         raise ConfigError(f"train.lr_warmup_epochs must be at most train.epochs "

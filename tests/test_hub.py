@@ -111,7 +111,8 @@ def test_a_preset_loads_with_the_same_features_and_fine_tunes(backbone, tmp_path
     classifier = keras_hub.models.ImageClassifier(backbone=loaded, num_classes=3)
     np.testing.assert_allclose(np.asarray(classifier.pooler(loaded(images))), expected,
                                atol=1e-5)  # the 1x1 map's average: the features
-    classifier.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    classifier.compile(optimizer=keras.optimizers.SGD(0.1),  # its outputs are logits
+                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     start = [w.numpy() for w in classifier.trainable_weights]
     classifier.fit(images, np.array([0, 1, 2, 0]), epochs=1, batch_size=4, verbose=0)
     assert any(not np.array_equal(a, b.numpy())

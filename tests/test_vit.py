@@ -160,6 +160,18 @@ def test_moco_v3s_frozen_patch_projection_is_left_out_of_training():
     assert not any("pos_embed" in w.path for w in model.weights)  # fixed, not a weight
 
 
+def test_a_seeded_default_vit_draws_the_weights_it_drew_before_its_init_was_a_setting():
+    """The untrained baselines measured before ``model.vit_init`` (``--untrained --seed S``)
+    stay the same network: the default init draws its seeds in the order it always did.
+    The figures: this build at ee0dfd9, before the setting."""
+    keras.utils.set_random_seed(0)
+    model = vit.build_vit("vit_micro_patch4", (28, 28, 1))
+    assert float(np.sum(model.weights[0].numpy().astype(np.float64))) == pytest.approx(
+        -0.137736, abs=1e-5)  # the patch kernel
+    total = sum(float(np.sum(np.abs(w.numpy().astype(np.float64)))) for w in model.weights)
+    assert total == pytest.approx(7361.561051, rel=1e-6)
+
+
 def test_maes_xavier_init_sets_each_kernel_as_a_linear_of_its_fan_in_and_fan_out():
     """MAE's initialize_weights: xavier-uniform on every Linear and on the patch convolution
     viewed as a Linear [D, p·p·C]: bound sqrt(6 / (fan_in + fan_out)), std bound / sqrt(3)."""
@@ -240,7 +252,8 @@ def test_adamw_matches_torch_with_scheduled_decay_groups_and_clipping():
 def test_the_adamw_recipe_is_built_from_the_configuration():
     optimizer = optimizers.build_encoder_optimizer(
         512, 100, 10, optimizer="adamw", weight_decay=0.04, weight_decay_end=0.4,
-        decay_biases_and_norms=False, clip_gradient_norm=3.0, final_learning_rate=1e-6)
+        decay_biases_and_norms=False, clip_gradient_norm=3.0, final_learning_rate=1e-6,
+        adamw_beta2=0.95)
     assert isinstance(optimizer, optimizers.AdamW)
     assert float(optimizer.learning_rate) == 0.0  # the warm-up's first step
     assert optimizer._learning_rate.base_value == pytest.approx(1e-3)  # 5e-4 x 512/256
@@ -248,6 +261,7 @@ def test_the_adamw_recipe_is_built_from_the_configuration():
     restored = optimizers.AdamW.from_config(optimizer.get_config())
     assert float(restored.decoupled_weight_decay(100)) == pytest.approx(0.4)
     assert (restored.decay_rank1, restored.clip_tensor_norm) == (False, 3.0)
+    assert (restored.beta_1, restored.beta_2) == (0.9, 0.95)  # MAE's betas
 
 
 # ------------------------------------------------------------------ the configuration
@@ -258,6 +272,8 @@ def test_the_adamw_recipe_is_built_from_the_configuration():
     (["model.position_embedding=sincos"], r"model.position_embedding applies to the vit_\*"),
     (["model.vit_init=xavier"], r"model.vit_init applies to the vit_\* backbones"),
     (["train.weight_decay_end=0.4"], "train.weight_decay_end needs train.optimizer adamw"),
+    (["train.adamw_beta2=0.95"], "train.adamw_beta2 needs train.optimizer adamw, got "
+                                 "train.optimizer auto"),
     (["model.backbone=vit_small_patch16", "model.pool_grid=1", "data.views=asymmetric",
       "data.image_size=8"], "data.image_size 8 is too small for model.backbone "
                             "vit_small_patch16"),

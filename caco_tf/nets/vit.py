@@ -83,11 +83,9 @@ def _linear_initializer(init):
     return _truncated_normal() if init == "trunc_normal" else "glorot_uniform"
 
 
-def _patch_initializer(init, fan_in, width):
-    """The patch convolution's kernel initializer: as a Linear from its ``fan_in`` = p·p·C
+def _xavier_patch_initializer(fan_in, width):
+    """MAE's patch convolution kernel: xavier-uniform as a Linear from its ``fan_in`` = p·p·C
     pixels to ``width`` (Keras' own glorot would count the kernel's p·p in its fan-out)."""
-    if init == "trunc_normal":
-        return _truncated_normal()
     limit = float(np.sqrt(6.0 / (fan_in + width)))
     return keras.initializers.RandomUniform(-limit, limit)
 
@@ -156,14 +154,16 @@ class PatchEmbedding(layers.Layer):
     def __init__(self, patch, width, init="trunc_normal", **kwargs):
         super().__init__(**kwargs)
         self.patch, self.width, self.init = int(patch), int(width), init
-        self.proj = layers.Conv2D(self.width, self.patch, strides=self.patch, padding="valid",
-                                  name="proj")
+        # trunc_normal's initializer made here, as ever: a seeded build draws the same weights.
+        self.proj = layers.Conv2D(
+            self.width, self.patch, strides=self.patch, padding="valid", name="proj",
+            kernel_initializer=_truncated_normal() if init == "trunc_normal" else "zeros")
         self.proj.trainable = self.trainable  # a copy of a frozen one (from_config) stays frozen
 
     def build(self, input_shape):
-        # The initializer needs the channels, known here.
-        self.proj.kernel_initializer = _patch_initializer(
-            self.init, self.patch * self.patch * int(input_shape[-1]), self.width)
+        if self.init != "trunc_normal":  # xavier's bound needs the channels, known here
+            self.proj.kernel_initializer = _xavier_patch_initializer(
+                self.patch * self.patch * int(input_shape[-1]), self.width)
         self.proj.build(input_shape)
 
     def call(self, images):

@@ -484,6 +484,7 @@ def build_encoder_optimizer(
     decay_biases_and_norms: bool = True,
     clip_gradient_norm: float = 0.0,
     final_learning_rate: float = 0.0,
+    adamw_beta2: float = 0.999,
 ) -> keras.optimizers.Optimizer:
     """Build the encoder optimizer with a warm-up + cosine schedule.
 
@@ -506,6 +507,7 @@ def build_encoder_optimizer(
         clip_gradient_norm: > 0 clips each tensor's gradient to this norm (DINO's
             ``--clip_grad``).
         final_learning_rate: the cosine's end (DINO's ``--min_lr``).
+        adamw_beta2: ``"adamw"``: the second moment's decay (MAE's 0.95).
     """
     kind, base_lr = paper_learning_rate(batch_size, optimizer)
     if learning_rate is not None:
@@ -519,7 +521,7 @@ def build_encoder_optimizer(
     if kind == "adamw":
         decay = weight_decay if weight_decay_end is None else WarmupCosine(
             weight_decay, total_steps, final_value=weight_decay_end)
-        return AdamW(learning_rate=schedule, weight_decay=decay,
+        return AdamW(learning_rate=schedule, weight_decay=decay, beta_2=adamw_beta2,
                      decay_rank1=decay_biases_and_norms, clip_tensor_norm=clip_gradient_norm)
     if weight_decay_end is not None:
         raise ValueError(f"a weight decay schedule (weight_decay_end {weight_decay_end}) "
