@@ -154,10 +154,11 @@ class PatchEmbedding(layers.Layer):
     def __init__(self, patch, width, init="trunc_normal", **kwargs):
         super().__init__(**kwargs)
         self.patch, self.width, self.init = int(patch), int(width), init
-        # trunc_normal's initializer made here, as ever: a seeded build draws the same weights.
+        # Made here, as ever, so that a seeded build draws the same weights; xavier's is
+        # replaced in build, once the channels are known.
         self.proj = layers.Conv2D(
             self.width, self.patch, strides=self.patch, padding="valid", name="proj",
-            kernel_initializer=_truncated_normal() if init == "trunc_normal" else "zeros")
+            kernel_initializer=_truncated_normal() if init == "trunc_normal" else "glorot_uniform")
         self.proj.trainable = self.trainable  # a copy of a frozen one (from_config) stays frozen
 
     def build(self, input_shape):
