@@ -23,6 +23,9 @@ if [ ! -f "$work/plan.json" ]; then  # docs/compare.md's recovery: plan, state, 
     mkdir -p "$work"
     cp -r "$here/plan.json" "$here/state.json" "$here/splits" "$here/runs" "$work/"
 fi
+if [ -d "$here/baselines" ] && [ ! -d "$work/baselines" ]; then  # measured once, not again
+    cp -r "$here/baselines" "$work/"
+fi
 echo "$(date -u '+%F %T') resume at $(git -C "$frozen" rev-parse --short HEAD) into $work"
 PYTHONPATH="$frozen" TF_CPP_MIN_LOG_LEVEL=3 exec caco-compare --trials 3 --seeds 5 --epochs 12 \
     --linear-epochs 30 --few-label-epochs 100 --out "$work"
