@@ -306,6 +306,25 @@ def test_the_estimate_times_a_methods_training_by_its_runs_finished_on_this_mach
     assert runner.estimate_seconds(comparison) == pytest.approx(64.0 / 3200 * 4000)
 
 
+def test_on_a_new_machine_the_estimate_times_a_method_by_its_runs_finished_on_another(tmp_path):
+    """Resumed on a machine of another kind: a method's runs finished on one other machine
+    time its runs left before the calibration's two steps do; this machine's, once it has
+    some, before both; a run spread over two machines times none."""
+    from caco_tf.machine import machine
+
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0]})
+    comparison.state = {"calibration": {"caco": {"step_seconds": 1.0, "setup_seconds": 0.0}}}
+    comparison.save_entry("final/caco/seed2", {})  # not trained yet: 4,000 images, 1 epoch
+    comparison.save_entry(comparison.trial_key("caco", 0), {
+        "knn_top1": 50.0, "train_seconds": 32.0, "machines": ["CPU B, 2 cores"]})
+    comparison.save_entry(comparison.trial_key("caco", 1), {
+        "knn_top1": 50.0, "train_seconds": 320.0, "machines": ["CPU B, 2 cores", machine()]})
+    assert runner.estimate_seconds(comparison) == pytest.approx(32.0 / 3200 * 4000)
+    comparison.save_entry(comparison.trial_key("caco", 1), {
+        "knn_top1": 50.0, "train_seconds": 64.0, "machines": [machine()]})
+    assert runner.estimate_seconds(comparison) == pytest.approx(64.0 / 3200 * 4000)
+
+
 def test_the_estimate_times_a_methods_probes_by_its_finals_probed_on_this_machine(tmp_path):
     """A final run's probes (linear, no few-label draws in this plan) are timed by the median
     of its method's finished finals on this machine, else by the calibration."""
@@ -331,6 +350,12 @@ def test_the_estimate_times_a_methods_probes_by_its_finals_probed_on_this_machin
         "machines": [machine(), "CPU B, 2 cores"]})
     assert runner.estimate_seconds(comparison) == pytest.approx(
         30.0 + runner.baseline_seconds(comparison, costs))
+    # Probed on one other machine only: its time, before the calibration's.
+    comparison.save_entry(comparison.final_key("caco", 0), {
+        "knn_top1": 90.0, "linear_top1": 91.0, "probe_seconds": 70.0,
+        "machines": ["CPU B, 2 cores"]})
+    assert runner.estimate_seconds(comparison) == pytest.approx(
+        70.0 + runner.baseline_seconds(comparison, costs))
 
 
 def test_the_report_reads_its_figures_back_from_the_run_folders(tmp_path):

@@ -306,7 +306,8 @@ def describe(comparison, seconds):
         f"  runs: {len(comparison.runs())} trainings"
         + (f" of which --trials-only trains the "
            f"{sum(not final for *_, final in comparison.runs())} trials" if comparison.trials_only
-           else "") + f"; about {duration(seconds)} left on this machine (calibrated)",
+           else "") + f"; about {duration(seconds)} left on this machine (timed by "
+           "each method's finished runs, this machine's first, else calibrated)",
     ]
     return "\n".join(lines)
 

@@ -1045,19 +1045,24 @@ SECONDS_PER_RUN = 20.0
 
 def estimate_seconds(comparison):
     """The seconds the runs the state lacks will take: the training (from the method's runs
-    finished on this machine, ``seconds_per_image_trained``, else from the calibration: the
-    steps and the kNN at the run's end) and, per seed, the linear evaluation and the
-    few-label one of each label draw not measured yet (from the method's finals probed on this
-    machine, ``probe_seconds``, else from the calibration); then the baselines not measured
-    yet (``baseline_seconds``)."""
+    finished on this machine, ``seconds_per_image_trained``, else on any one machine, else from
+    the calibration: the steps and the kNN at the run's end) and, per seed, the linear
+    evaluation and the few-label one of each label draw not measured yet (from the method's
+    finals probed on this machine, ``probe_seconds``, else on any one machine, else from the
+    calibration); then the baselines not measured yet (``baseline_seconds``).  A comparison
+    resumed on a machine of another kind has no run of its own yet: the runs finished
+    elsewhere count the pipeline, the epoch's end and the probes as they ran, which the
+    calibration's two steps, taken when the plan was made, do not."""
     calibration = comparison.state.get("calibration", {})
     costs = comparison.state.get("evaluation")
     plan, images = comparison.plan, comparison.plan["images"]
     arguments = plan["arguments"]
     draws = len(few_label_splits(comparison))
     entries = {key: comparison.entry(key) for key, *_ in comparison.runs()}  # each read once
-    per_image = seconds_per_image_trained(comparison, entries)
-    probes = probe_seconds(comparison, entries)
+    per_image = {**seconds_per_image_trained(comparison, entries, here=None),
+                 **seconds_per_image_trained(comparison, entries)}
+    probes = {**probe_seconds(comparison, entries, here=None),
+              **probe_seconds(comparison, entries)}
     total = 0.0
     for key, method, trial, seed, final in comparison.runs():
         entry = entries[key]
@@ -1091,29 +1096,37 @@ def estimate_seconds(comparison):
     return total
 
 
-def seconds_per_image_trained(comparison, entries):
-    """{method: the median over its runs trained to the end on this machine alone of their
-    ``train_seconds`` (setup, steps, the run's kNN and export) per image trained}; ``entries``:
-    {key: entry}.  The calibration is taken once, when the plan is made, perhaps on another
-    machine or beside other work: a method's own finished runs say more."""
-    here, found = machine(), {}
+def seconds_per_image_trained(comparison, entries, here=""):
+    """{method: the median over its runs trained to the end on machine ``here`` alone (default
+    this one; None: any, each run on one machine) of their ``train_seconds`` (setup, steps, the
+    run's kNN and export) per image trained}; ``entries``: {key: entry}.  The calibration is
+    taken once, when the plan is made, perhaps on another machine or beside other work: a
+    method's own finished runs say more."""
+    here, found = machine() if here == "" else here, {}
     images, epochs = comparison.plan["images"], comparison.plan["epochs"]
     for key, method, trial, seed, final in comparison.runs():
         entry = entries[key]
-        if "knn_top1" in entry and entry.get("train_seconds") and entry.get("machines") == [here]:
+        if "knn_top1" in entry and entry.get("train_seconds") and on_one(entry, here):
             found.setdefault(method, []).append(
                 entry["train_seconds"] / (images["train" if final else "tune"] * epochs))
     return {method: float(np.median(values)) for method, values in found.items()}
 
 
-def probe_seconds(comparison, entries):
-    """{method: the median over its final runs probed to the end on this machine alone of
-    their ``probe_seconds`` (the linear probe and every few-label draw)}: as
-    ``seconds_per_image_trained``, a method's own probes say more than the calibration."""
-    here, found = machine(), {}
+def on_one(entry, here):
+    """The run was trained and measured on machine ``here`` alone (None: on any one machine):
+    a run spread over machines of other kinds times neither."""
+    machines = entry.get("machines") or []
+    return len(machines) == 1 and (here is None or machines == [here])
+
+
+def probe_seconds(comparison, entries, here=""):
+    """{method: the median over its final runs probed to the end on machine ``here`` alone (as
+    ``seconds_per_image_trained``) of their ``probe_seconds`` (the linear probe and every
+    few-label draw)}: a method's own probes say more than the calibration."""
+    here, found = machine() if here == "" else here, {}
     for key, method, trial, seed, final in comparison.runs():
         entry = entries[key]
-        if final and entry.get("probe_seconds") and entry.get("machines") == [here] \
+        if final and entry.get("probe_seconds") and on_one(entry, here) \
                 and finished(comparison, key, final, entry):
             found.setdefault(method, []).append(entry["probe_seconds"])
     return {method: float(np.median(values)) for method, values in found.items()}
