@@ -135,16 +135,42 @@ def test_the_report_shows_the_curves_the_flags_and_the_ranking_at_equal_seconds(
     assert "1 of 2 methods still rising" in text
     assert "**byol: under-trained at this budget, its rank may change**: +10.0 points" in text
     assert "in the verdicts caco above byol" in text
-    assert "each curve read at 40 training seconds" in text
+    # Every method's seed 2 was trained on CPU A and resumed on CPU B: its seconds are two
+    # CPUs', so equal seconds are read on seeds 0 and 1 (CPU A).
+    assert ("40 s on CPU A, 2 cores (runs on CPU A, 2 cores + CPU B, 2 cores, which did not "
+            "train every method or trained a run in part, left out)") in text
     table = text[text.index("| method | training seconds"):]
     # 400 steps of 2.5 GFLOPs: 1 TFLOP.
     assert table.splitlines()[2].startswith("| caco | 40 | 12,800 | 1.0 | 71.1 [")
-    assert "| byol | 80 | 12,800 | – | 60.1 [" in table  # at 40 s: its second epoch, 40.1
-    assert "40.1 [" in table
+    # At 40 s, byol's second epoch: 40.0 and 40.1 on seeds 0 and 1.
+    assert "| byol | 80 | 12,800 | – | 60.1 [59.9, 60.3] | 2 | 40.0 [39.4, 40.7] | 2 |" in table
     # The monitor's 2 s a run against 40 s (caco) and 80 s (byol) of steps.
     assert "curves cost 3.3 % of the training steps' time" in text
     folder = report.write(comparison)
     assert os.path.getsize(os.path.join(folder, curves.PLOT[0])) > 0
+
+
+def test_equal_seconds_are_read_on_the_cpu_that_trained_each_run():
+    """Seeds resumed on a CPU twice as fast: each run read at its own CPU's equal time (the
+    slow CPU's 40 s, the fast one's 20 s: the same point of every curve), not at one time
+    over both; a CPU that did not train every method is left out."""
+    def on(machine, tops, seconds):
+        return dict(curves.curve(history(tops, seconds=seconds)), machines=(machine,))
+
+    found = {"caco": {0: on("A", [60, 70, 71, 71], 10.0), 1: on("B", [62, 72, 73, 73], 5.0),
+                      2: on("C", [61, 71, 72, 72], 10.0)},
+             "byol": {0: on("A", [30, 40, 50, 60], 20.0), 1: on("B", [32, 42, 52, 62], 10.0)}}
+    seconds, read = curves.at_equal_seconds(found)
+    assert seconds == {"A": 40.0, "B": 20.0}  # caco's end on each; C trained caco alone
+    assert read == {"caco": [71.0, 73.0], "byol": [40.0, 42.0]}  # byol's second epoch on both
+    words = curves.equal_seconds_words(seconds, found)
+    assert "40 s on A; 20 s on B (runs on C, which did not train every method or trained a run in part, left out)" \
+        in words
+    # Read at one time over every CPU (caco's mean end, 33.3 s), byol's two seeds would be
+    # read at different points of their curves: epoch 1.67 on A, epoch 3.33 on B.
+    mixed = {m: {s: dict(c, machines=()) for s, c in seeds.items()} for m, seeds in found.items()}
+    assert curves.at_equal_seconds(mixed)[1]["byol"] == [pytest.approx(36.667, abs=1e-3),
+                                                         pytest.approx(55.333, abs=1e-3)]
 
 
 def test_the_monitor_reads_its_own_neighbours_and_queries(tmp_path):

@@ -9,7 +9,8 @@ Throughput``: steps, images seen, the steps' seconds).  From the final runs' cur
   more than its seeds' spread is **under-trained at this budget**: more compute may change its
   rank;
 - ``at_equal_seconds``: every method's curve read at the same training time (the shortest of
-  the methods' mean times), a ranking at equal compute beside the one at equal epochs.
+  the methods' mean times on the CPU that trained the run: a second of one CPU is not a second
+  of another), a ranking at equal compute beside the one at equal epochs.
 """
 
 import math
@@ -44,12 +45,16 @@ def curve(history):
 
 
 def read_curve(comparison, key):
-    """The curve of run ``key`` (``curve``), or None."""
+    """The curve of run ``key`` (``curve``) with the "machines" that trained it (a tuple: more
+    than one for a run resumed on another; empty when not recorded), or None."""
     path = run_folder.RunFolder(comparison.run_dir(key)).history
     try:
-        return curve(run_folder.read_history(path))
+        measured = curve(run_folder.read_history(path))
     except ValueError:
         return None  # the report names a damaged history where it reads the table
+    if measured is not None:
+        measured["machines"] = tuple(comparison.entry(key).get("machines") or ())
+    return measured
 
 
 def final_curves(comparison):
@@ -119,15 +124,23 @@ def still_rising(seed_curves):
 
 
 def at_equal_seconds(curves):
-    """(seconds, {method: [top-1 per seed]}) with every method's curves read at the same
-    training time: the shortest of the methods' mean training times (each reaches it)."""
-    ends = {m: np.mean([c["seconds"][-1] for c in seeds.values()]) for m, seeds in curves.items()}
-    if not ends:
-        return None, {}
-    seconds = float(min(ends.values()))
+    """({machine: seconds}, {method: [top-1 per seed]}): every run's curve read at the same
+    training time as every other run of its machine ("" when not recorded): the shortest of
+    the methods' mean training times there.  Only machines that trained every method count (a
+    method's runs elsewhere would be read against no other method), and no run resumed on
+    another machine (its seconds are two CPUs')."""
+    ends = {}  # {machine: {method: [end seconds]}}
+    for method, seeds in curves.items():
+        for measured in seeds.values():
+            if len(measured.get("machines", ())) <= 1:
+                ends.setdefault(machine_of(measured), {}).setdefault(method, []).append(
+                    measured["seconds"][-1])
+    seconds = {machine: float(min(np.mean(s) for s in by_method.values()))
+               for machine, by_method in ends.items() if len(by_method) == len(curves)}
     read = {}
     for method, seeds in curves.items():
-        values = [value_at(c, "seconds", seconds) for c in seeds.values()]
+        values = [value_at(c, "seconds", seconds[machine_of(c)]) for c in seeds.values()
+                  if len(c.get("machines", ())) <= 1 and machine_of(c) in seconds]
         read[method] = [v for v in values if v is not None]
     return seconds, read
 
@@ -159,7 +172,7 @@ def plot(curves, path):
                 axis.fill_between(xs, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.15)
     axes[0].set(xlabel="images seen", ylabel="validation kNN top-1 (%)",
                 title="learning curves: mean over seeds, band = lowest to highest seed")
-    axes[1].set(xlabel="training seconds (the steps', this machine)",
+    axes[1].set(xlabel="training seconds (the steps', mean over the seeds' machines)",
                 ylabel="validation kNN top-1 (%)", title="against training time")
     if curves:
         axes[0].legend(fontsize="x-small", ncol=2)
@@ -206,6 +219,8 @@ def blocks(comparison, rows, told_apart):
     if flagged:
         said.append(("list", flagged))
     seconds, read = at_equal_seconds(curves)
+    column = (f"at {next(iter(seconds.values())):.0f} s" if len(seconds) == 1
+              else "at equal seconds")
     by_epochs = sorted(curves, key=lambda m: -np.mean([c["top1"][-1] for c in curves[m].values()]))
     by_seconds = sorted(read, key=lambda m: -np.mean(read[m]) if read[m] else math.inf)
     table = []
@@ -220,15 +235,36 @@ def blocks(comparison, rows, told_apart):
                       statistics.interval_text([float(c["top1"][-1]) for c in seeds.values()]),
                       str(by_epochs.index(method) + 1), statistics.interval_text(read.get(method, [])),
                       str(by_seconds.index(method) + 1) if read.get(method) else "–"])
-    said += [("p", (
-        f"At equal compute: each curve read at {seconds:.0f} training seconds (the shortest "
-        f"method's, on this machine), beside the end of the equal-epoch budget. Validation "
-        f"figures from the curves' samples: a description of the budget, not a claim.")),
-        ("table", ["method", "training seconds", "images seen",
-                   "counted TFLOPs (steps × a step's)", "validation kNN at the end",
-                   "rank at equal epochs", f"at {seconds:.0f} s", "rank at equal seconds"],
-         table), ("image",) + PLOT]
+    said += [("p", "At equal compute: " + equal_seconds_words(seconds, curves) + ", beside "
+              "the end of the equal-epoch budget. Validation figures from the curves' samples: "
+              "a description of the budget, not a claim."),
+             ("table", ["method", "training seconds", "images seen",
+                        "counted TFLOPs (steps × a step's)", "validation kNN at the end",
+                        "rank at equal epochs", column, "rank at equal seconds"],
+              table), ("image",) + PLOT]
     return said
+
+
+def equal_seconds_words(seconds, curves):
+    """How ``at_equal_seconds`` read the curves, with each machine's time."""
+    if not seconds:
+        return "no machine trained every method, so no curve is read at equal seconds"
+    if len(seconds) == 1 and set(seconds) == {""}:
+        return (f"each curve read at {seconds['']:.0f} training seconds (the shortest "
+                "method's mean)")
+    left = {" + ".join(c.get("machines", ())) for seeds in curves.values()
+            for c in seeds.values()} - set(seconds)
+    return ("each run's curve read at the training seconds of the shortest method's mean on "
+            "the CPU that trained it (a second of one CPU is not one of another): " + "; ".join(
+                f"{s:.0f} s on {machine or 'an unnamed machine'}"
+                for machine, s in seconds.items())
+            + (f" (runs on {', '.join(sorted(m or 'an unnamed machine' for m in left))}, which "
+               "did not train every method or trained a run in part, left out)" if left else ""))
+
+
+def machine_of(measured):
+    """The one machine that trained a curve's run ("" when not recorded)."""
+    return (measured.get("machines") or ("",))[0]
 
 
 def pilot_blocks(comparison):
