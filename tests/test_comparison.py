@@ -255,6 +255,35 @@ def fake_comparison(folder, knn):
     return comparison
 
 
+def test_the_report_says_which_cpu_trained_each_seed_and_names_a_seed_spread_over_two(tmp_path):
+    """A paired test compares two methods' runs of one seed: the report says each seed's CPU,
+    and names a seed whose runs ran on two (a seeded run repeats on one CPU model only)."""
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
+                                                  "byol": [80.0, 80.5, 81.0]})
+    for method in ("caco", "byol"):  # seed 2 resumed on CPU B for every method: mixed
+        for seed in (0, 1):
+            key = comparison.final_key(method, seed)
+            comparison.save_entry(key, dict(comparison.entry(key), machines=[
+                "CPU A, 2 cores" if seed == 0 else "CPU B, 2 cores"]))
+    said = report.seeds_sentence(comparison)
+    assert said == (
+        "Seed 2's final runs ran on more than one CPU (CPU A, 2 cores + CPU B, 2 cores: caco, "
+        "byol): a pair across two of them holds the CPUs' difference too (a seeded run repeats "
+        "only on one CPU model); to pair them alone, remove the folders of the runs not of one "
+        "CPU and run the comparison's command again on it.")
+    key = comparison.final_key("byol", 2)
+    comparison.save_entry(key, dict(comparison.entry(key), machines=["CPU B, 2 cores"]))
+    assert report.seeds_sentence(comparison).startswith(
+        "Seed 2's final runs ran on more than one CPU (CPU A, 2 cores + CPU B, 2 cores: caco; "
+        "CPU B, 2 cores: byol)")
+    key = comparison.final_key("caco", 2)
+    comparison.save_entry(key, dict(comparison.entry(key), machines=["CPU B, 2 cores"]))
+    assert report.seeds_sentence(comparison) == (
+        "Each seed's final runs ran on one CPU (seed 0: CPU A, 2 cores; seeds 1, 2: CPU B, 2 "
+        "cores), so every paired test compares runs of one CPU.")
+    assert report.seeds_sentence(comparison) in report.markdown(report.document(comparison, []))
+
+
 def test_the_linear_protocols_cost_counts_every_fit_of_its_cross_validation():
     from caco_tf.evaluation import L2_FOLDS, L2_GRID
 

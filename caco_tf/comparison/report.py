@@ -64,6 +64,36 @@ def measured_on(comparison):
     return counts
 
 
+def seeds_sentence(comparison):
+    """Which CPU trained each seed's final runs: a paired test compares two methods' runs of
+    one seed, and two CPUs compute in another order (a difference of a seed's size), so a
+    seed whose runs ran on more than one is named with its methods on each; "" before any."""
+    by_seed = {}  # {seed: {machines: [methods]}}
+    for key, method, _, seed, final in comparison.runs():
+        entry = comparison.entry(key)
+        if final and "knn_top1" in entry:
+            machines = " + ".join(entry.get("machines") or ["a machine not recorded"])
+            by_seed.setdefault(seed, {}).setdefault(machines, []).append(method)
+    if not by_seed:
+        return ""
+    # A run resumed on another CPU is two CPUs' run too.
+    mixed = {seed: found for seed, found in by_seed.items()
+             if len(found) > 1 or any(" + " in name for name in found)}
+    if not mixed:
+        on = {}
+        for seed, found in sorted(by_seed.items()):
+            on.setdefault(next(iter(found)), []).append(str(seed))
+        return ("Each seed's final runs ran on one CPU (" + "; ".join(
+            f"seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}: {name}"
+            for name, seeds in on.items()) + "), so every paired test compares runs of one CPU.")
+    return " ".join(
+        f"Seed {seed}'s final runs ran on more than one CPU ("
+        + "; ".join(f"{name}: {', '.join(methods)}" for name, methods in found.items())
+        + "): a pair across two of them holds the CPUs' difference too (a seeded run repeats "
+        "only on one CPU model); to pair them alone, remove the folders of the runs not of one "
+        "CPU and run the comparison's command again on it." for seed, found in sorted(mixed.items()))
+
+
 def history(comparison, key):
     path = run_folder.RunFolder(comparison.run_dir(key)).history
     try:
@@ -504,9 +534,10 @@ def document(comparison, plots):
         + " with:")), ("code", plan["command"])]
     where = measured_on(comparison)
     if where:
-        blocks.append(("p", "Runs measured on " + "; ".join(
+        blocks.append(("p", ("Runs measured on " + "; ".join(
             f"{name} ({count} run{'s' if count > 1 else ''})" for name, count in where.items())
-            + " (a seeded run repeats bit for bit on one CPU model only)."))
+            + " (a seeded run repeats bit for bit on one CPU model only). "
+            + seeds_sentence(comparison)).rstrip()))
     blocks += [("p", (
         f"Data `{arguments['data']}`: {images['tune']:,} training and {images['validation']:,} "
         f"validation images for the trials; the chosen settings then train on "
