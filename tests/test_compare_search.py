@@ -161,16 +161,21 @@ def test_equal_seconds_are_read_on_the_cpu_that_trained_each_run():
                       2: on("C", [61, 71, 72, 72], 10.0)},
              "byol": {0: on("A", [30, 40, 50, 60], 20.0), 1: on("B", [32, 42, 52, 62], 10.0)}}
     seconds, read = curves.at_equal_seconds(found)
-    assert seconds == {"A": 40.0, "B": 20.0}  # caco's end on each; C trained caco alone
+    assert seconds == {"A": 40.0, "B": 20.0}  # the shortest run on each; C trained caco alone
     assert read == {"caco": [71.0, 73.0], "byol": [40.0, 42.0]}  # byol's second epoch on both
     words = curves.equal_seconds_words(seconds, found)
-    assert "40 s on A; 20 s on B (runs on C, which did not train every method or trained a run in part, left out)" \
-        in words
-    # Read at one time over every CPU (caco's mean end, 33.3 s), byol's two seeds would be
-    # read at different points of their curves: epoch 1.67 on A, epoch 3.33 on B.
+    assert ("40 s on A; 20 s on B (runs on C, which did not train every method or trained a run "
+            "in part, left out)") in words
+    # Read at one time over every CPU (the shortest run's, 20 s), byol's two seeds would be
+    # read at different points of their curves: epoch 1 on A, epoch 2 on B.
     mixed = {m: {s: dict(c, machines=()) for s, c in seeds.items()} for m, seeds in found.items()}
-    assert curves.at_equal_seconds(mixed)[1]["byol"] == [pytest.approx(36.667, abs=1e-3),
-                                                         pytest.approx(55.333, abs=1e-3)]
+    assert curves.at_equal_seconds(mixed)[1]["byol"] == [30.0, 42.0]
+    # A seed slowed by other work: every seed is still read, at the shortest run's time.
+    found["caco"][2] = on("A", [61, 71, 72, 72], 30.0)  # ends at 120 s
+    found["caco"][0] = on("A", [60, 70, 71, 71], 9.0)  # ends at 36 s
+    seconds, read = curves.at_equal_seconds(found)
+    assert seconds == {"A": 36.0, "B": 20.0}
+    assert len(read["caco"]) == 3 and read["caco"][1] == 73.0
 
 
 def test_the_monitor_reads_its_own_neighbours_and_queries(tmp_path):

@@ -9,8 +9,8 @@ Throughput``: steps, images seen, the steps' seconds).  From the final runs' cur
   more than its seeds' spread is **under-trained at this budget**: more compute may change its
   rank;
 - ``at_equal_seconds``: every method's curve read at the same training time (the shortest of
-  the methods' mean times on the CPU that trained the run: a second of one CPU is not a second
-  of another), a ranking at equal compute beside the one at equal epochs.
+  run's time on the CPU that trained it: a second of one CPU is not a second of another), a
+  ranking at equal compute beside the one at equal epochs.
 """
 
 import math
@@ -125,17 +125,18 @@ def still_rising(seed_curves):
 
 def at_equal_seconds(curves):
     """({machine: seconds}, {method: [top-1 per seed]}): every run's curve read at the same
-    training time as every other run of its machine ("" when not recorded): the shortest of
-    the methods' mean training times there.  Only machines that trained every method count (a
-    method's runs elsewhere would be read against no other method), and no run resumed on
-    another machine (its seconds are two CPUs')."""
+    training time as every other run of its machine ("" when not recorded): the shortest run's
+    there, which every run reached (a run slowed by other work on a shared machine ends later,
+    and a time past a seed's end would leave that seed out).  Only machines that trained every
+    method count (a method's runs elsewhere would be read against no other method), and no run
+    resumed on another machine (its seconds are two CPUs')."""
     ends = {}  # {machine: {method: [end seconds]}}
     for method, seeds in curves.items():
         for measured in seeds.values():
             if len(measured.get("machines", ())) <= 1:
                 ends.setdefault(machine_of(measured), {}).setdefault(method, []).append(
                     measured["seconds"][-1])
-    seconds = {machine: float(min(np.mean(s) for s in by_method.values()))
+    seconds = {machine: float(min(min(s) for s in by_method.values()))
                for machine, by_method in ends.items() if len(by_method) == len(curves)}
     read = {}
     for method, seeds in curves.items():
@@ -250,12 +251,13 @@ def equal_seconds_words(seconds, curves):
     if not seconds:
         return "no machine trained every method, so no curve is read at equal seconds"
     if len(seconds) == 1 and set(seconds) == {""}:
-        return (f"each curve read at {seconds['']:.0f} training seconds (the shortest "
-                "method's mean)")
+        return (f"each curve read at {seconds['']:.0f} training seconds (the shortest run's, "
+                "which every run reached)")
     left = {" + ".join(c.get("machines", ())) for seeds in curves.values()
             for c in seeds.values()} - set(seconds)
-    return ("each run's curve read at the training seconds of the shortest method's mean on "
-            "the CPU that trained it (a second of one CPU is not one of another): " + "; ".join(
+    return ("each run's curve read at the training seconds of the shortest run on the CPU "
+            "that trained it, which every run there reached (a second of one CPU is not one of "
+            "another): " + "; ".join(
                 f"{s:.0f} s on {machine or 'an unnamed machine'}"
                 for machine, s in seconds.items())
             + (f" (runs on {', '.join(sorted(m or 'an unnamed machine' for m in left))}, which "
