@@ -176,6 +176,7 @@ def test_equal_seconds_are_read_on_the_cpu_that_trained_each_run():
     seconds, read = curves.at_equal_seconds(found)
     assert seconds == {"A": 36.0, "B": 20.0}
     assert len(read["caco"]) == 3 and read["caco"][1] == 73.0
+    assert curves.slowed_runs(found) == ["caco seed 2 (120 s against 78 s)"]
 
 
 def test_the_monitor_reads_its_own_neighbours_and_queries(tmp_path):

@@ -236,14 +236,39 @@ def blocks(comparison, rows, told_apart):
                       statistics.interval_text([float(c["top1"][-1]) for c in seeds.values()]),
                       str(by_epochs.index(method) + 1), statistics.interval_text(read.get(method, [])),
                       str(by_seconds.index(method) + 1) if read.get(method) else "–"])
+    slowed = slowed_runs(curves)
     said += [("p", "At equal compute: " + equal_seconds_words(seconds, curves) + ", beside "
               "the end of the equal-epoch budget. Validation figures from the curves' samples: "
-              "a description of the budget, not a claim."),
+              "a description of the budget, not a claim." + (
+                  f" Slowed by other work (a run over {SLOWED} times its method's median "
+                  "training time on its CPU; read at equal seconds, it is behind its method): "
+                  + ", ".join(slowed) + "." if slowed else "")),
              ("table", ["method", "training seconds", "images seen",
                         "counted TFLOPs (steps × a step's)", "validation kNN at the end",
                         "rank at equal epochs", column, "rank at equal seconds"],
               table), ("image",) + PLOT]
     return said
+
+
+# A run this many times slower than its method's median on its CPU shared the machine.
+SLOWED = 1.3
+
+
+def slowed_runs(curves):
+    """["method seed S (its seconds against the median)"] of the runs whose training took more
+    than ``SLOWED`` times the median of their method's runs on their CPU: other work on a
+    shared machine slowed them, so at equal seconds they read lower than the method would."""
+    found = []
+    for method, seeds in curves.items():
+        by_machine = {}
+        for seed, measured in seeds.items():
+            by_machine.setdefault(measured.get("machines", ()), []).append(
+                (seed, float(measured["seconds"][-1])))
+        for runs in by_machine.values():
+            median = float(np.median([s for _, s in runs]))
+            found += [f"{method} seed {seed} ({s:.0f} s against {median:.0f} s)"
+                      for seed, s in runs if len(runs) > 1 and s > SLOWED * median]
+    return found
 
 
 def equal_seconds_words(seconds, curves):
