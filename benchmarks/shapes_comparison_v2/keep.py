@@ -1,11 +1,21 @@
 """Copy a working folder's plan, state, splits and finished runs' JSON files here (the tracked
 copy that resume.sh starts from): python keep.py [WORK] (default /work/shapes_v2)."""
 
+import json
 import os
 import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def failed(entry_path):
+    """The run stopped itself (a NaN, a collapse): a finished run, its failure the measurement."""
+    try:
+        with open(entry_path) as handle:
+            return "failed" in json.load(handle)
+    except (OSError, ValueError):
+        return False
 
 
 def keep(work):
@@ -14,7 +24,8 @@ def keep(work):
         relative = os.path.relpath(root, work)
         if relative.split(os.sep)[0] in ("tuner", "report"):
             continue  # rebuilt from the runs (the baselines are measurements: kept)
-        if relative.startswith("runs") and "results.json" not in files:
+        if relative.startswith("runs") and "results.json" not in files \
+                and not failed(os.path.join(root, "comparison.json")):
             continue  # a run under way: its checkpoints are not kept
         for name in files:
             if name.endswith(".json"):
