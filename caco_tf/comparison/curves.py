@@ -133,7 +133,7 @@ def at_equal_seconds(curves):
     ends = {}  # {machine: {method: [end seconds]}}
     for method, seeds in curves.items():
         for measured in seeds.values():
-            if len(measured.get("machines", ())) <= 1:
+            if machine_of(measured) is not None:
                 ends.setdefault(machine_of(measured), {}).setdefault(method, []).append(
                     measured["seconds"][-1])
     seconds = {machine: float(min(min(s) for s in by_method.values()))
@@ -141,7 +141,7 @@ def at_equal_seconds(curves):
     read = {}
     for method, seeds in curves.items():
         values = [value_at(c, "seconds", seconds[machine_of(c)]) for c in seeds.values()
-                  if len(c.get("machines", ())) <= 1 and machine_of(c) in seconds]
+                  if machine_of(c) in seconds]
         read[method] = [v for v in values if v is not None]
     return seconds, read
 
@@ -290,8 +290,10 @@ def equal_seconds_words(seconds, curves):
 
 
 def machine_of(measured):
-    """The one machine that trained a curve's run ("" when not recorded)."""
-    return (measured.get("machines") or ("",))[0]
+    """The one machine that trained a curve's run ("" when not recorded; None for a run
+    resumed on another, whose seconds are two CPUs')."""
+    machines = measured.get("machines") or ("",)
+    return machines[0] if len(machines) == 1 else None
 
 
 def pilot_blocks(comparison):
