@@ -179,6 +179,26 @@ def test_equal_seconds_are_read_on_the_cpu_that_trained_each_run():
     assert curves.slowed_runs(found) == ["caco seed 2 (120 s against 78 s)"]
 
 
+def test_a_final_run_that_stopped_itself_has_no_place_in_the_curves(tmp_path):
+    """A seed whose loss went NaN early is out of the test table: its short curve must not set
+    the time every other run is read at, nor enter its method's band."""
+    comparison = fake_comparison(tmp_path / "c", {"caco": [90.0, 91.0, 92.0],
+                                                  "byol": [80.0, 80.5, 81.0]})
+    for seed in range(3):
+        for method in ("caco", "byol"):
+            key = comparison.final_key(method, seed)
+            rows = history([60, 70, 71, 71], seconds=10.0)
+            if (method, seed) == ("byol", 2):
+                rows = history([20], seconds=2.0)
+                comparison.save_entry(key, dict(comparison.entry(key),
+                                                failed="the loss is NaN at step 110"))
+            with open(os.path.join(comparison.run_dir(key), "history.json"), "w") as handle:
+                json.dump(rows, handle)
+    found = curves.final_curves(comparison)
+    assert sorted(found["caco"]) == [0, 1, 2] and sorted(found["byol"]) == [0, 1]
+    assert curves.at_equal_seconds(found)[0] == {"CPU A, 2 cores": 40.0}
+
+
 def test_the_monitor_reads_its_own_neighbours_and_queries(tmp_path):
     """A comparison's curve: a sample of the tune split against one of the validation split,
     whatever the run trains and is tested on."""

@@ -58,10 +58,12 @@ def read_curve(comparison, key):
 
 
 def final_curves(comparison):
-    """{method: {seed: curve}} of the final runs that have one."""
+    """{method: {seed: curve}} of the final runs that have one and finished: a run that
+    stopped itself (a NaN loss) is out of the test table, so out of the curves too (its short
+    time would otherwise set every run's "equal seconds")."""
     return _curves_of(comparison, lambda method: {
-        seed: comparison.final_key(method, seed)
-        for seed in range(comparison.plan["arguments"]["seeds"])})
+        seed: key for seed in range(comparison.plan["arguments"]["seeds"])
+        if "failed" not in comparison.entry(key := comparison.final_key(method, seed))})
 
 
 def trial_curves(comparison):
