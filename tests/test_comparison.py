@@ -475,13 +475,14 @@ def test_a_page_quotes_the_report_between_its_markers(tmp_path, monkeypatch):
 
 
 def test_the_published_comparison_is_what_its_tracked_measurements_give(monkeypatch):
-    """docs/results.md's section is the report of benchmarks/shapes_comparison, as
-    ``caco-compare --out benchmarks/shapes_comparison --report-only --publish docs/results.md``
-    writes it: a measurement, a method's declared paper figure or the report's wording changed
-    without publishing again fails here."""
+    """docs/results.md's section is the report of benchmarks/shapes_comparison_v2, as
+    ``caco-compare --out benchmarks/shapes_comparison_v2 --report-only --publish
+    docs/results.md`` writes it: a measurement, a method's declared paper figure or the
+    report's wording changed without publishing again fails here."""
     monkeypatch.chdir(ROOT)  # the command is typed at the repository's root
-    comparison = runner.Comparison(os.path.join("benchmarks", "shapes_comparison"))
-    assert comparison.plan is not None and comparison.plan["command"] == "caco-compare"
+    folder = os.path.join("benchmarks", "shapes_comparison_v2")
+    comparison = runner.Comparison(folder)
+    assert comparison.plan is not None and comparison.plan["command"].startswith("caco-compare ")
     rows = report.table_rows(comparison)
     expected = report.section(comparison, report.plots_for(rows),
                               os.path.join("docs", "results.md"))
@@ -489,8 +490,8 @@ def test_the_published_comparison_is_what_its_tracked_measurements_give(monkeypa
         text = handle.read()
     published = text[text.index(report.BEGIN):text.index(report.END) + len(report.END)]
     assert published == expected, (
-        "docs/results.md's comparison differs from its measurements: run caco-compare --out "
-        "benchmarks/shapes_comparison --report-only --publish docs/results.md")
+        f"docs/results.md's comparison differs from its measurements: run caco-compare --out "
+        f"{folder} --report-only --publish docs/results.md")
     for image in re.findall(r"\]\((comparison/[^)]+)\)", published):
         assert os.path.exists(os.path.join(ROOT, "docs", image)), image
 
