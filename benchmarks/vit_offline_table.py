@@ -26,7 +26,8 @@ from caco_tf.evaluation import statistics
 EARLIER_P = {"MoCo v3 above its untrained ViT (kNN)": 0.007,
              "DINO above its untrained ViT (kNN)": 0.011,
              "MoCo v3 above DINO (kNN)": 0.012}
-NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA"}
+NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA",
+         "mae_xavier60": "MAE (xavier init, 60 epochs)"}
 PROTOCOLS = ("linear", "knn")
 # The untrained baselines: (file suffix, the claim's words), the first required.
 BASELINES = (("_untrained", "its untrained ViT"),
