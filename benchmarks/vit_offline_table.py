@@ -27,7 +27,8 @@ EARLIER_P = {"MoCo v3 above its untrained ViT (kNN)": 0.007,
              "DINO above its untrained ViT (kNN)": 0.011,
              "MoCo v3 above DINO (kNN)": 0.012}
 NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA",
-         "mae_xavier60": "MAE (xavier init, 60 epochs)"}
+         "mae_xavier60": "MAE (xavier init, 60 epochs)",
+         "mae_xavier120": "MAE (xavier init, 120 epochs)"}
 PROTOCOLS = ("linear", "knn")
 # The untrained baselines: (file suffix, the claim's words), the first required.
 BASELINES = (("_untrained", "its untrained ViT"),
@@ -81,15 +82,17 @@ def table(found):
                 rows.append((method, protocol, order, trained, untrained, paired, name, words))
     family = dict(EARLIER_P, **claims)
     adjusted = dict(zip(family, statistics.holm(list(family.values()))))
-    print("| method | probe | " + " | ".join(f"seed {s}" for s in rows[0][2]) +
+    every_seed = sorted({seed for row in rows for seed in row[2]})  # a method may have more
+    print("| method | probe | " + " | ".join(f"seed {s}" for s in every_seed) +
           " | mean [95 % interval] | against | untrained, same seeds | trained − untrained, "
           "paired | p (Holm) |")
-    print("|---|---|" + "---:|" * len(rows[0][2]) + "---|---|---|---|---|")
+    print("|---|---|" + "---:|" * len(every_seed) + "---|---|---|---|---|")
     for method, protocol, order, trained, untrained, paired, name, words in rows:
         difference = paired.difference
         verdict = _verdict(adjusted[name], difference)
+        by_seed = dict(zip(order, trained))
         print(f"| {NAMES.get(method, method)} | {protocol} | "
-              + " | ".join(f"{x:.1f} %" for x in trained)
+              + " | ".join(f"{by_seed[s]:.1f} %" if s in by_seed else "–" for s in every_seed)
               + f" | {statistics.interval_text(trained)} | {words}"
               f" | {statistics.interval_text(untrained)}"
               f" | {difference.mean:+.1f} points [{difference.low:.1f}, {difference.high:.1f}]"
@@ -110,9 +113,10 @@ def _verdict(adjusted_p, difference):
 
 
 def write_tiny_runs(folder):
-    """Two methods' run folders of made-up probes (``--tiny``: the table's path, no training)."""
-    for method, gain in (("mae", 12.0), ("ijepa", 0.5)):
-        for seed in range(3):
+    """Two methods' run folders of made-up probes, of 3 and 5 seeds (``--tiny``: the table's
+    path, no training)."""
+    for method, gain, seeds in (("mae", 12.0, 3), ("ijepa", 0.5, 5)):
+        for seed in range(seeds):
             run = os.path.join(folder, f"held_{method}_s{seed}")
             os.makedirs(run, exist_ok=True)
             for protocol in PROTOCOLS:
