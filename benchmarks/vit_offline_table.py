@@ -1,4 +1,5 @@
-"""docs/vit.md's table of the ViT-era methods on the held-out digits, read from run folders.
+"""docs/vit.md's table of the ViT-era methods held out (the digits; I-JEPA's on the shapes), read from
+run folders.
 
     python benchmarks/vit_offline_table.py RUNS_DIR      (--tiny: made-up runs, the test's)
 
@@ -28,7 +29,8 @@ EARLIER_P = {"MoCo v3 above its untrained ViT (kNN)": 0.007,
              "MoCo v3 above DINO (kNN)": 0.012}
 NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA",
          "mae_xavier60": "MAE (xavier init, 60 epochs)",
-         "mae_xavier120": "MAE (xavier init, 120 epochs)"}
+         "mae_xavier120": "MAE (xavier init, 120 epochs)",
+         "ijepa_shapes": "I-JEPA (on the shapes)"}
 PROTOCOLS = ("linear", "knn")
 # The untrained baselines: (file suffix, the claim's words), the first required.
 BASELINES = (("_untrained", "its untrained ViT"),
