@@ -1,5 +1,5 @@
-"""docs/vit.md's table of the ViT-era methods held out (the digits; I-JEPA's on the shapes), read from
-run folders.
+"""docs/vit.md's table of the ViT-era methods held out (on the digits; I-JEPA's on the shapes),
+read from run folders.
 
     python benchmarks/vit_offline_table.py RUNS_DIR      (--tiny: made-up runs, the test's)
 
