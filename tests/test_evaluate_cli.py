@@ -16,6 +16,9 @@ from caco_tf import build
 from caco_tf.evaluation.monitor import knn_top1
 from caco_tf.cli import evaluate
 from caco_tf.evaluation import protocols
+from caco_tf.errors import ConfigError
+from caco_tf.methods import ijepa
+from caco_tf.nets import tokens
 from tiny_run import make_run
 
 EXAMPLES = 48  # per mocked split
@@ -91,6 +94,9 @@ def test_default_json_name_names_the_data():
         "R", "eval_knn_pixels.json")
     assert protocols.default_json_path("R", "knn", "folder:x", "untrained") == os.path.join(
         "R", "eval_knn_untrained_folder_x.json")
+    assert protocols.default_json_path("R", "linear", None, "untrained",
+                                       "class+patch_mean") == os.path.join(
+        "R", "eval_linear_untrained_class_and_patch_mean.json")
     assert protocols.default_json_path(None, "knn", None, "pixels") is None
 
 
@@ -177,6 +183,44 @@ def test_teacher_evaluates_the_momentum_teachers_backbone(tmp_path, capsys):
     assert not os.path.exists(os.path.join(simclr, "eval_knn_teacher.json"))
 
 
+def test_features_pool_a_vits_patch_tokens_and_name_their_json(tmp_path, capsys):
+    run_dir, model = make_run(tmp_path / "mae", overrides=["method.name=mae",
+                                                           "model.backbone=vit_micro_patch4"])
+    images = np.random.default_rng(0).random((3, 28, 28, 1), dtype=np.float32)
+    encoded = tokens.encode(model.backbone, images)
+    patch_mean = encoded.patches.numpy().mean(axis=(1, 2))  # MAE's global pool
+    np.testing.assert_allclose(
+        protocols.pooled_backbone(model.backbone, "patch_mean")(images), patch_mean, atol=1e-5)
+    np.testing.assert_allclose(  # DINOv2's linear evaluation: [class, mean patch]
+        protocols.pooled_backbone(model.backbone, "class+patch_mean")(images),
+        np.concatenate([encoded.cls.numpy(), patch_mean], axis=-1), atol=1e-5)
+    assert protocols.pooled_backbone(model.backbone, "class") is model.backbone
+    ijepa_vit = ijepa.patch_mean_backbone(model.backbone)  # no class token: already patch_mean
+    assert protocols.pooled_backbone(ijepa_vit, "patch_mean") is ijepa_vit
+    with pytest.raises(ConfigError, match=r"^--features class\+patch_mean: the backbone "):
+        protocols.pooled_backbone(ijepa_vit, "class+patch_mean")
+    status, out, err = cli(capsys, "knn", "--run", run_dir, "--untrained", "--seed", "2",
+                           "--features", "patch_mean")
+    assert status == 0, err
+    result = json.load(open(os.path.join(run_dir, "eval_knn_untrained_patch_mean.json")))
+    assert result["features"] == "patch_mean"
+    assert result["encoder"].endswith(", features patch_mean")
+    config = build.load_run_config(run_dir).config
+    with tfds.testing.mock_data(num_examples=EXAMPLES):
+        expected = protocols.knn(
+            protocols.pooled_backbone(protocols.untrained_backbone(config, 2), "patch_mean"),
+            protocols.load_labelled_data(None, config), protocols.preprocessing_for(config),
+            3, 0.07)
+    assert result["top1"] == pytest.approx(expected["top1"])
+    # A ConvNet has no patch tokens: one line, nothing written.
+    convnet, _ = make_run(tmp_path / "simclr", overrides=["method.name=simclr"])
+    status, _, err = cli(capsys, "knn", "--run", convnet, "--features", "class+patch_mean")
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: --features class+patch_mean pools a Vision Transformer's "
+                          "patch tokens and the backbone "), err
+    assert not any(name.startswith("eval_") for name in os.listdir(convnet))
+
+
 @pytest.mark.parametrize("args, message", [
     (["linear"], "error: --run RUN_DIR is required"),
     (["knn", "--run", "/no/such/run"], "error: no config.yaml in /no/such/run"),
@@ -184,6 +228,8 @@ def test_teacher_evaluates_the_momentum_teachers_backbone(tmp_path, capsys):
     (["knn", "--untrained"], "error: --run RUN_DIR is required"),
     (["knn", "--pixels", "--untrained"], "error: --pixels and --untrained are two baselines"),
     (["knn", "--pixels", "--teacher"], "error: --teacher reads a trained run's teacher"),
+    (["knn", "--pixels", "--features", "patch_mean"], "error: --features patch_mean pools a "
+                                                      "backbone's tokens: drop it with --pixels"),
     (["knn", "--pixels", "--data", "tfds:no_such_dataset_xyz"], "error: unknown TFDS data set"),
     (["knn", "--pixels", "--data", "bogus"], "error: unknown data source 'bogus'"),
     (["linear", "--pixels", "--l2", "-1"], "error: --l2 must be auto or a number >= 0"),

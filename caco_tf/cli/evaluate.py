@@ -7,12 +7,13 @@
     caco-evaluate linear --pixels [--data mnist]      # raw-pixel baseline
     caco-evaluate knn    --run RUN_DIR --untrained    # the run's network, not trained
     caco-evaluate knn    --run RUN_DIR --teacher      # its momentum teacher (DINO, I-JEPA...)
+    caco-evaluate linear --run RUN_DIR --features patch_mean   # a ViT's mean patch token
 
 SOURCE: nothing (the run's own training images against its held-out split) or the user's own
 labelled images (transfer), with ``--held-out SOURCE`` where ``--data`` has no held-out split of
-its own (``caco_tf.evaluation.protocols``).  Prints a table and writes the
-numbers as JSON into the run folder (``eval_<protocol>[_pixels|_untrained|_teacher][_<data>].json``) or to
-``--json``.  The last line is ``kNN top-1: NN.N%`` or ``linear top-1: NN.N%``.
+its own (``caco_tf.evaluation.protocols``).  Prints a table and writes the numbers as JSON
+into the run folder (``eval_<protocol>[_pixels|_untrained|_teacher][_<features>][_<data>].json``)
+or to ``--json``.  The last line is ``kNN top-1: NN.N%`` or ``linear top-1: NN.N%``.
 """
 
 import json
@@ -20,7 +21,7 @@ import os
 
 from caco_tf import cli
 # The linear protocol's choices, from a module without TensorFlow: --help stays quick.
-from caco_tf.evaluation import AUGMENTATIONS, L2_FOLDS, L2_GRID
+from caco_tf.evaluation import AUGMENTATIONS, L2_FOLDS, L2_GRID, POOLINGS
 
 
 def parse_args(argv):
@@ -45,6 +46,10 @@ def parse_args(argv):
     parser.add_argument("--teacher", action="store_true",
                         help="the run's momentum teacher's backbone in place of the student's "
                              "(what DINO's, DINOv2's and I-JEPA's authors evaluate)")
+    parser.add_argument("--features", choices=POOLINGS, default="class",
+                        help="a ViT's features: its class token (default, the backbone's "
+                             "output), the mean of its patch tokens (MAE's global pool) or "
+                             "both concatenated (DINOv2's linear evaluation)")
     parser.add_argument("--seed", type=int, default=0)
     cli.verbose_argument(parser, "one line per training epoch, and TensorFlow's start-up lines")
     knn_group = parser.add_argument_group("knn")
@@ -109,10 +114,11 @@ def main(argv=None):
         result = protocols.evaluate(args.protocol, run=args.run, data=args.data,
                                     held_out=args.held_out, baseline=baseline, seed=args.seed,
                                     k=args.k, temperature=args.temperature,
-                                    teacher=args.teacher, **linear)
+                                    teacher=args.teacher, features=args.features, **linear)
         print(protocols.format_table(result))
         path = args.json or protocols.default_json_path(
-            args.run, args.protocol, args.data, "teacher" if args.teacher else baseline)
+            args.run, args.protocol, args.data, "teacher" if args.teacher else baseline,
+            args.features)
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "w") as handle:

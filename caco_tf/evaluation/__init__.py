@@ -6,7 +6,7 @@
 - ``protocols``: kNN and linear on a run folder, on its data or the user's (``caco-evaluate``);
 - ``figures``: the paper's analysis figures from a run folder (``caco-figures``).
 
-The linear protocol's choices are defined here, where ``caco-evaluate --help`` reads them
+The probes' choices are defined here, where ``caco-evaluate --help`` reads them
 without importing TensorFlow.
 """
 
@@ -16,3 +16,6 @@ AUGMENTATIONS = ("none", "imagenet", "digits")
 # cross-validation that picks one.  0 keeps the unregularized classifier in the running.
 L2_GRID = (0.0, 1e-4, 1e-3, 1e-2, 1e-1)
 L2_FOLDS = 5
+# A ViT's features for the probes: its class token (the backbone's own output), the mean of its
+# patch tokens (MAE's ``global_pool``) or both concatenated (DINOv2's linear evaluation).
+POOLINGS = ("class", "patch_mean", "class+patch_mean")
