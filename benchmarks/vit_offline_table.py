@@ -5,7 +5,9 @@ read from run folders.
 
 RUNS_DIR holds ``held_<method>_s<seed>/`` run folders, each with the probes that
 ``caco-evaluate knn|linear --run RUN`` and ``... --untrained --seed SEED`` wrote
-(``eval_<protocol>.json``, ``eval_<protocol>_untrained.json``).  Each method is set against the
+(``eval_<protocol>.json``, ``eval_<protocol>_untrained.json``), and those of other features
+(``--features patch_mean``: ``eval_<protocol>[_untrained]_patch_mean.json``), each features' own
+rows against the untrained ViT under the same features.  Each method is set against the
 same ViT at its initialization, seed by seed (the paired t interval), and, where
 ``benchmarks/vit_untrained_init.py`` wrote them (``eval_<protocol>_untrained_xavier.json``),
 against the same ViT untrained under MAE's xavier initialization.  Every claim of the page is
@@ -32,35 +34,44 @@ NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA",
          "mae_xavier120": "MAE (xavier init, 120 epochs)",
          "ijepa_shapes": "I-JEPA (on the shapes)"}
 PROTOCOLS = ("linear", "knn")
+# caco-evaluate --features: (the probes' file suffix, the rows' words); the class token unnamed.
+FEATURES = {"class": ("", ""), "patch_mean": ("_patch_mean", ", mean patch token"),
+            "class+patch_mean": ("_class_and_patch_mean", ", class and mean patch tokens")}
 # The untrained baselines: (file suffix, the claim's words), the first required.
 BASELINES = (("_untrained", "its untrained ViT"),
              ("_untrained_xavier", "its ViT untrained under xavier init"))
 
 
 def figures(runs_dir):
-    """{method: {seed: {protocol: (trained, {baseline suffix: untrained})}}} of every finished
-    run folder."""
+    """{(method, features): {seed: {protocol: (trained, {baseline suffix: untrained})}}} of
+    every finished run folder."""
     found = {}
     for folder in sorted(glob.glob(os.path.join(runs_dir, "held_*_s*"))):
         match = re.fullmatch(r"held_(\w+?)_s(\d+)", os.path.basename(folder))
         if not match or not os.path.isdir(folder):
             continue
         method, seed = match.group(1), int(match.group(2))
-        probes = {}
-        for protocol in PROTOCOLS:
-            trained, first = (os.path.join(folder, f"eval_{protocol}{kind}.json")
-                              for kind in ("", BASELINES[0][0]))
-            if not (os.path.exists(trained) and os.path.exists(first)):
-                continue
-            baselines = {}
-            for suffix, _ in BASELINES:
-                path = os.path.join(folder, f"eval_{protocol}{suffix}.json")
-                if os.path.exists(path):
-                    baselines[suffix] = json.load(open(path))["top1"]
-            probes[protocol] = (json.load(open(trained))["top1"], baselines)
-        if len(probes) == len(PROTOCOLS):
-            found.setdefault(method, {})[seed] = probes
+        for features, (pooled, _) in FEATURES.items():
+            probes = {}
+            for protocol in PROTOCOLS:
+                trained, first = (os.path.join(folder, f"eval_{protocol}{kind}{pooled}.json")
+                                  for kind in ("", BASELINES[0][0]))
+                if not (os.path.exists(trained) and os.path.exists(first)):
+                    continue
+                baselines = {}
+                for suffix, _ in BASELINES:
+                    path = os.path.join(folder, f"eval_{protocol}{suffix}{pooled}.json")
+                    if os.path.exists(path):
+                        baselines[suffix] = json.load(open(path))["top1"]
+                probes[protocol] = (json.load(open(trained))["top1"], baselines)
+            if len(probes) == len(PROTOCOLS):
+                found.setdefault((method, features), {})[seed] = probes
     return found
+
+
+def row_name(method, features):
+    """The rows' method words: its name, and its features unless the class token."""
+    return NAMES.get(method, method) + FEATURES[features][1]
 
 
 def _p(value):
@@ -69,7 +80,8 @@ def _p(value):
 
 def table(found):
     claims, rows = {}, []
-    for method, seeds in found.items():
+    for (method, features), seeds in found.items():
+        method = row_name(method, features)
         order = sorted(seeds)
         for protocol in PROTOCOLS:
             trained = [seeds[s][protocol][0] for s in order]
@@ -77,7 +89,7 @@ def table(found):
                 if not all(suffix in seeds[s][protocol][1] for s in order):
                     continue  # a baseline measured on every seed, or not at all
                 untrained = [seeds[s][protocol][1][suffix] for s in order]
-                name = f"{NAMES.get(method, method)} above {words} ({protocol})"
+                name = f"{method} above {words} ({protocol})"
                 paired = statistics.paired_comparison(trained, untrained)
                 p = statistics.paired_p_value(trained, untrained) if len(order) > 1 else 1.0
                 claims[name] = p
@@ -93,7 +105,7 @@ def table(found):
         difference = paired.difference
         verdict = _verdict(adjusted[name], difference)
         by_seed = dict(zip(order, trained))
-        print(f"| {NAMES.get(method, method)} | {protocol} | "
+        print(f"| {method} | {protocol} | "
               + " | ".join(f"{by_seed[s]:.1f} %" if s in by_seed else "–" for s in every_seed)
               + f" | {statistics.interval_text(trained)} | {words}"
               f" | {statistics.interval_text(untrained)}"
@@ -115,17 +127,20 @@ def _verdict(adjusted_p, difference):
 
 
 def write_tiny_runs(folder):
-    """Two methods' run folders of made-up probes, of 3 and 5 seeds (``--tiny``: the table's
-    path, no training)."""
+    """Two methods' run folders of made-up probes, of 3 and 5 seeds, the first's with its mean
+    patch token too (``--tiny``: the table's path, no training)."""
     for method, gain, seeds in (("mae", 12.0, 3), ("ijepa", 0.5, 5)):
         for seed in range(seeds):
             run = os.path.join(folder, f"held_{method}_s{seed}")
             os.makedirs(run, exist_ok=True)
             for protocol in PROTOCOLS:
                 untrained = 30.0 + seed
-                for kind, top1 in (("", untrained + gain + 0.3 * seed), ("_untrained", untrained)):
-                    with open(os.path.join(run, f"eval_{protocol}{kind}.json"), "w") as handle:
-                        json.dump({"protocol": protocol, "top1": top1}, handle)
+                for pooled in ("", "_patch_mean")[:2 if method == "mae" else 1]:
+                    for kind, top1 in (("", untrained + gain + 0.3 * seed),
+                                       ("_untrained", untrained)):
+                        name = f"eval_{protocol}{kind}{pooled}.json"
+                        with open(os.path.join(run, name), "w") as handle:
+                            json.dump({"protocol": protocol, "top1": top1}, handle)
 
 
 def main(argv=None):
