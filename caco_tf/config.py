@@ -20,6 +20,7 @@ import re
 import yaml
 
 from caco_tf.errors import ConfigError
+from caco_tf.evaluation import POOLINGS
 from caco_tf.nets.sizes import (DOWNSAMPLING, VIT_SHAPES, feature_map_size, preset_class,
                                  smallest_image)
 from caco_tf.settings import (Rule, Setting, boolean, choice, integer, is_int,
@@ -416,6 +417,11 @@ CORE_SETTINGS = {
     "evaluation.knn_temperature": Setting(
         0.07, number(0.0, low_open=True), "the vote temperature of that kNN"),
     "evaluation.batch_size": Setting(500, integer(1), "the batch of every evaluation pass"),
+    # evaluation.features.pooled_backbone: what every kNN of the run and caco-evaluate read.
+    "evaluation.features": Setting(
+        "class", choice(*POOLINGS),
+        "a ViT's features for the end-of-run kNN, the monitor and caco-evaluate: its class "
+        "token, the mean of its patch tokens (MAE's global pool) or both"),
     # evaluation.monitor.KNNMonitor, logged as knn_top1: the training images' labels against
     # the held-out split.
     "evaluation.knn_monitor_every": Setting(
@@ -680,6 +686,11 @@ def _validate(config):
                           f"model.backbone {model['backbone']}: remove it (--set "
                           f"model.widths=null)")
     _check_vit(model)
+    features = config["evaluation"]["features"]
+    if features != "class" and not has_patch_tokens(model["backbone"]):
+        raise ConfigError(f"evaluation.features {features} pools a Vision Transformer's patch "
+                          f"tokens, and model.backbone {model['backbone']} has none: use "
+                          f"evaluation.features class or a ViT")
     _check_image_sizes(data, model)
     if (data["views"] == "digits" and data["source"] in ("mnist", "mnist_validation")
             and data["image_size"] != MNIST_SIZE):
@@ -694,6 +705,13 @@ VIT_SETTINGS = {"drop_path": 0.0, "position_embedding": "learned", "frozen_patch
                 "drop_path_uniform": False, "layer_scale": 0.0, "registers": 0,
                 "mask_token": False, "position_table_size": None, "interpolate_offset": 0.1,
                 "interpolate_antialias": False, "vit_init": "trunc_normal"}
+
+
+def has_patch_tokens(backbone):
+    """Whether ``model.backbone`` names a ViT: ours or a KerasHub DINOV2Backbone preset."""
+    hub = backbone.startswith(HUB_PREFIX)
+    return backbone in VIT_SHAPES or (
+        hub and preset_class(backbone[len(HUB_PREFIX):]) == "DINOV2Backbone")
 
 
 def _check_vit(model):

@@ -79,6 +79,9 @@ CASES = [
     ("train", ["--set", "model.widths=[32,64]"], "model.widths must be 4 positive integers"),
     ("train", ["--set", "model.backbone=resnet18", "--set", "model.widths=[8,8,8,8]"],
      "model.widths applies to small_convnet only"),
+    ("train", ["--set", "evaluation.features=patch_mean"],
+     "evaluation.features patch_mean pools a Vision Transformer's patch tokens, and "
+     "model.backbone small_convnet has none"),
     ("train", ["--set", "train.batch_size=0"], "train.batch_size must be an integer >= 1"),
     ("train", ["--set", "method.caco.temperature=0"],
      "method.caco.temperature must be a number > 0"),

@@ -15,7 +15,7 @@ from caco_tf.training.run_folder import RunFolder
 from caco_tf import build
 from caco_tf.evaluation.monitor import knn_top1
 from caco_tf.cli import evaluate
-from caco_tf.evaluation import protocols
+from caco_tf.evaluation import features, protocols
 from caco_tf.errors import ConfigError
 from caco_tf.methods import ijepa
 from caco_tf.nets import tokens
@@ -185,22 +185,23 @@ def test_teacher_evaluates_the_momentum_teachers_backbone(tmp_path, capsys):
 
 def test_features_pool_a_vits_patch_tokens_and_name_their_json(tmp_path, capsys):
     run_dir, model = make_run(tmp_path / "mae", overrides=["method.name=mae",
-                                                           "model.backbone=vit_micro_patch4"])
+                                                           "model.backbone=vit_micro_patch4",
+                                                           "evaluation.features=patch_mean"])
     images = np.random.default_rng(0).random((3, 28, 28, 1), dtype=np.float32)
     encoded = tokens.encode(model.backbone, images)
     patch_mean = encoded.patches.numpy().mean(axis=(1, 2))  # MAE's global pool
     np.testing.assert_allclose(
-        protocols.pooled_backbone(model.backbone, "patch_mean")(images), patch_mean, atol=1e-5)
+        features.pooled_backbone(model.backbone, "patch_mean")(images), patch_mean, atol=1e-5)
     np.testing.assert_allclose(  # DINOv2's linear evaluation: [class, mean patch]
-        protocols.pooled_backbone(model.backbone, "class+patch_mean")(images),
+        features.pooled_backbone(model.backbone, "class+patch_mean")(images),
         np.concatenate([encoded.cls.numpy(), patch_mean], axis=-1), atol=1e-5)
-    assert protocols.pooled_backbone(model.backbone, "class") is model.backbone
+    assert features.pooled_backbone(model.backbone, "class") is model.backbone
     ijepa_vit = ijepa.patch_mean_backbone(model.backbone)  # no class token: already patch_mean
-    assert protocols.pooled_backbone(ijepa_vit, "patch_mean") is ijepa_vit
+    assert features.pooled_backbone(ijepa_vit, "patch_mean") is ijepa_vit
     with pytest.raises(ConfigError, match=r"^--features class\+patch_mean: the backbone "):
-        protocols.pooled_backbone(ijepa_vit, "class+patch_mean")
-    status, out, err = cli(capsys, "knn", "--run", run_dir, "--untrained", "--seed", "2",
-                           "--features", "patch_mean")
+        features.pooled_backbone(ijepa_vit, "class+patch_mean")
+    # Without --features: the run's evaluation.features.
+    status, out, err = cli(capsys, "knn", "--run", run_dir, "--untrained", "--seed", "2")
     assert status == 0, err
     result = json.load(open(os.path.join(run_dir, "eval_knn_untrained_patch_mean.json")))
     assert result["features"] == "patch_mean"
@@ -208,10 +209,15 @@ def test_features_pool_a_vits_patch_tokens_and_name_their_json(tmp_path, capsys)
     config = build.load_run_config(run_dir).config
     with tfds.testing.mock_data(num_examples=EXAMPLES):
         expected = protocols.knn(
-            protocols.pooled_backbone(protocols.untrained_backbone(config, 2), "patch_mean"),
+            features.pooled_backbone(protocols.untrained_backbone(config, 2), "patch_mean"),
             protocols.load_labelled_data(None, config), protocols.preprocessing_for(config),
             3, 0.07)
     assert result["top1"] == pytest.approx(expected["top1"])
+    status, out, err = cli(capsys, "knn", "--run", run_dir, "--untrained", "--seed", "2",
+                           "--features", "class")
+    assert status == 0, err
+    assert json.load(open(os.path.join(run_dir, "eval_knn_untrained.json")))["features"] == \
+        "class"
     # A ConvNet has no patch tokens: one line, nothing written.
     convnet, _ = make_run(tmp_path / "simclr", overrides=["method.name=simclr"])
     status, _, err = cli(capsys, "knn", "--run", convnet, "--features", "class+patch_mean")

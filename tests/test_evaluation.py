@@ -121,6 +121,27 @@ def test_knn_monitor_logs_every_n_epochs_and_the_last(tmp_path):
     assert rows[2]["knn_top1"] == pytest.approx(expected)
 
 
+def test_knn_monitor_reads_the_runs_features_of_a_vit():
+    from caco_tf.evaluation.features import pooled_backbone
+    from caco_tf.nets import tokens, vit
+
+    keras.utils.set_random_seed(0)
+    backbone = vit.build_vit("vit_micro_patch4", (8, 8, 1))
+    rng = np.random.default_rng(4)
+    train_x, test_x = (rng.random((n, 8, 8, 1), dtype=np.float32) for n in (12, 6))
+    train_y, test_y = rng.integers(0, 3, 12), rng.integers(0, 3, 6)
+    monitor = KNNMonitor(*(tf.data.Dataset.from_tensor_slices(pair).batch(4) for pair in
+                           ((train_x, train_y), (test_x, test_y))),
+                         k=3, temperature=0.1, backbone=backbone, features="patch_mean")
+    assert pooled_backbone(backbone, "patch_mean").output_shape == (None, 96)
+    train_f, test_f = (_unit(tokens.encode(backbone, x).patches.numpy().mean(axis=(1, 2)))
+                       for x in (train_x, test_x))  # the mean patch token, by hand
+    expected = 100 * np.mean(numpy_knn(train_f, train_y, test_f, 3, 0.1, 3) == test_y)
+    assert monitor.measure() == pytest.approx(expected)
+    train_c, test_c = (_unit(backbone(x).numpy()) for x in (train_x, test_x))  # class token
+    assert 100 * np.mean(numpy_knn(train_c, train_y, test_c, 3, 0.1, 3) == test_y) != expected
+
+
 # ---------------------------------------------------------------------------- online probe
 SIZE = 10
 

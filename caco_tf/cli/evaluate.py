@@ -46,10 +46,11 @@ def parse_args(argv):
     parser.add_argument("--teacher", action="store_true",
                         help="the run's momentum teacher's backbone in place of the student's "
                              "(what DINO's, DINOv2's and I-JEPA's authors evaluate)")
-    parser.add_argument("--features", choices=POOLINGS, default="class",
-                        help="a ViT's features: its class token (default, the backbone's "
-                             "output), the mean of its patch tokens (MAE's global pool) or "
-                             "both concatenated (DINOv2's linear evaluation)")
+    parser.add_argument("--features", choices=POOLINGS,
+                        help="a ViT's features: its class token (the backbone's output), the "
+                             "mean of its patch tokens (MAE's global pool) or both "
+                             "concatenated (DINOv2's linear evaluation); default: the run's "
+                             "evaluation.features")
     parser.add_argument("--seed", type=int, default=0)
     cli.verbose_argument(parser, "one line per training epoch, and TensorFlow's start-up lines")
     knn_group = parser.add_argument_group("knn")
@@ -118,7 +119,7 @@ def main(argv=None):
         print(protocols.format_table(result))
         path = args.json or protocols.default_json_path(
             args.run, args.protocol, args.data, "teacher" if args.teacher else baseline,
-            args.features)
+            result["features"])
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "w") as handle:

@@ -8,6 +8,7 @@ import keras
 from caco_tf import data
 from caco_tf.data import service
 from caco_tf.evaluation import knn
+from caco_tf.evaluation.features import pooled_backbone
 
 
 class KNNMonitor(keras.callbacks.Callback):
@@ -25,18 +26,20 @@ class KNNMonitor(keras.callbacks.Callback):
         ``strategy`` share (each computes the features of its share; they are gathered).
       every: measure after every ``every``-th epoch.
       backbone: the model to evaluate (default: ``self.model.backbone``).
+      features: a ViT's features (``evaluation.features``; ``features.pooled_backbone``).
       strategy: the run's ``tf.distribute`` strategy; under several workers every worker must
         run the monitor (its gathers are collectives).
     """
 
     def __init__(self, train_data, test_data, every=1, k=200, temperature=0.07,
-                 name="knn_top1", backbone=None, strategy=None):
+                 name="knn_top1", backbone=None, strategy=None, features="class"):
         super().__init__()
         self.train_data, self.test_data = train_data, test_data
         self.every, self.k, self.temperature = int(every), int(k), float(temperature)
         self.name = name
         self.backbone = backbone
         self.strategy = strategy
+        self.features = features
         self._epochs = None
 
     def on_train_begin(self, logs=None):
@@ -52,7 +55,8 @@ class KNNMonitor(keras.callbacks.Callback):
 
     def measure(self):
         """The kNN top-1 (%) of the current backbone."""
-        return knn.knn_of_backbone(self.backbone or self.model.backbone, self.train_data,
+        backbone = pooled_backbone(self.backbone or self.model.backbone, self.features)
+        return knn.knn_of_backbone(backbone, self.train_data,
                                    self.test_data, self.k, self.temperature,
                                    strategy=self.strategy)["top1"]
 
@@ -77,7 +81,7 @@ def knn_monitor(settings, views, train, held_out, strategy=None):
     train_set, test_set = knn_sets(settings, views, memory, queries, counts=counts)
     return KNNMonitor(train_set, test_set, every=evaluation.knn_monitor_every,
                       k=evaluation.knn_monitor_k, temperature=evaluation.knn_monitor_temperature,
-                      strategy=strategy)
+                      strategy=strategy, features=evaluation.features)
 
 
 def _monitor_source(spec, data_settings, train):
@@ -112,11 +116,12 @@ def knn_sets(settings, views, train, held_out, skipped=None, counts=None):
 
 def knn_top1(backbone, views, settings, train, held_out, strategy=None):
     """The held-out weighted kNN top-1 (%) of ``backbone`` per a run's ``settings``
-    (``RunSettings``: ``evaluation.knn_k``, ``knn_temperature``) on the samples of
+    (``RunSettings``: ``evaluation.knn_k``, ``knn_temperature``, ``features``) on the samples of
     ``knn_sets``: the number ``train.py`` reports at the end of a run."""
     skipped = data.SkippedFiles()
     result = knn.knn_of_backbone(
-        backbone, *knn_sets(settings, views, train, held_out, skipped),
+        pooled_backbone(backbone, settings.evaluation.features),
+        *knn_sets(settings, views, train, held_out, skipped),
         settings.evaluation.knn_k, settings.evaluation.knn_temperature, strategy)
     skipped.report("kNN evaluation")
     return result["top1"]

@@ -21,9 +21,8 @@ from caco_tf.data.sources import HELD_OUT_SOURCES, ArraySource
 from caco_tf.build import build_model, load_data, load_run, load_run_config, run_views
 from caco_tf.run_settings import RunSettings
 from caco_tf.evaluation import knn as knn_lib
-from caco_tf.evaluation import POOLINGS, linear
-from caco_tf.methods import ijepa
-from caco_tf.nets import tokens, vit
+from caco_tf.evaluation import linear
+from caco_tf.evaluation.features import pooled_backbone
 from caco_tf.config import DEFAULTS, RULES, ConfigError
 from caco_tf.training.run_folder import RunFolder
 
@@ -123,46 +122,6 @@ def untrained_backbone(config, seed):
     return build_model(config, steps_per_epoch=1).backbone
 
 
-class PooledTokens(keras.layers.Layer):
-    """``[B, prefix + N, D]`` tokens after the final norm → the features ``pooling`` names:
-    the mean of the N patch tokens, or the class token and that mean concatenated."""
-
-    def __init__(self, prefix, pooling, **kwargs):
-        super().__init__(**kwargs)
-        self.prefix, self.pooling = int(prefix), pooling
-
-    def call(self, sequence):
-        patch_mean = keras.ops.mean(sequence[:, self.prefix:], axis=1)
-        if self.pooling == "patch_mean":
-            return patch_mean
-        return keras.ops.concatenate([sequence[:, 0], patch_mean], axis=-1)
-
-    def compute_output_shape(self, input_shape):
-        width = input_shape[-1] * (1 if self.pooling == "patch_mean" else 2)
-        return (input_shape[0], width)
-
-
-def pooled_backbone(backbone, pooling):
-    """``backbone`` with the features ``pooling`` (one of ``POOLINGS``) in place of its class
-    token: a model over the same layers and weights; ``backbone`` itself for "class"."""
-    if pooling not in POOLINGS:
-        raise ConfigError(f"--features must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-    if pooling == "class":
-        return backbone
-    if isinstance(backbone.layers[-1], ijepa.PatchMean):  # I-JEPA's ViT: no class token
-        if pooling == "patch_mean":
-            return backbone
-        raise ConfigError(f"--features {pooling}: the backbone {backbone.name} (I-JEPA's) has "
-                          f"no class token; its features are already patch_mean")
-    if not (tokens.has_tokens(backbone) and isinstance(backbone.layers[-1], vit.ClassToken)):
-        raise ConfigError(f"--features {pooling} pools a Vision Transformer's patch tokens and "
-                          f"the backbone {backbone.name} has none: use --features class")
-    pooled = PooledTokens(tokens.prefix_count(backbone), pooling,
-                          name=pooling.replace("+", "_and_"))
-    return keras.Model(backbone.input, pooled(backbone.get_layer("norm").output),
-                       name=f"{backbone.name}_{pooled.name}")
-
-
 def format_table(result):
     """One Markdown table row (with its header) for a result dict."""
     if result["protocol"] == "knn":
@@ -198,7 +157,7 @@ def l2_setting(text, augment):
 
 
 def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, k=None,
-             temperature=None, config=None, teacher=False, features="class", **linear_settings):
+             temperature=None, config=None, teacher=False, features=None, **linear_settings):
     """Run ``protocol`` (``knn`` or ``linear``) on a frozen backbone; returns the result dict
     (also what ``caco-evaluate``'s JSON holds).
 
@@ -210,13 +169,14 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
     run's configuration in place of ``run`` for a baseline (nothing trained is read);
     ``teacher``: the run's momentum teacher's backbone in place of the student's
     (``teacher_backbone``); ``features``: a ViT's class token ("class", the backbone's output),
-    the mean of its patch tokens or both (``POOLINGS``); the rest:
+    the mean of its patch tokens or both (``features.pooled_backbone``; None: the run's
+    ``evaluation.features``); the rest:
     ``linear.linear_evaluation``'s arguments.
     """
     if teacher and (baseline or run is None):
         raise ConfigError("--teacher reads a trained run's teacher: give --run RUN_DIR, "
                           "without --pixels or --untrained")
-    if features != "class" and baseline == "pixels":
+    if features not in (None, "class") and baseline == "pixels":
         raise ConfigError(f"--features {features} pools a backbone's tokens: drop it with --pixels")
     if run is None and config is None and baseline != "pixels":
         raise ConfigError("--run RUN_DIR is required (or --pixels for the raw-pixel baseline)")
@@ -229,6 +189,8 @@ def evaluate(protocol, run=None, data=None, held_out=None, baseline="", seed=0, 
     else:
         loaded = load_run(run) if run else None
     config = loaded.config if loaded else (config if given else DEFAULTS)
+    if features is None:
+        features = "class" if baseline == "pixels" else config["evaluation"]["features"]
     labelled = load_labelled_data(data, config, held_out)
     if loaded is None and not given and isinstance(labelled.train, ArraySource):
         # No run to take a size from: the images' own side, not the defaults' 28 px.
