@@ -40,6 +40,7 @@ class KNNMonitor(keras.callbacks.Callback):
         self.backbone = backbone
         self.strategy = strategy
         self.features = features
+        self._pooled = None  # (backbone, its pooled model): one model, traced once
         self._epochs = None
 
     def on_train_begin(self, logs=None):
@@ -55,8 +56,10 @@ class KNNMonitor(keras.callbacks.Callback):
 
     def measure(self):
         """The kNN top-1 (%) of the current backbone."""
-        backbone = pooled_backbone(self.backbone or self.model.backbone, self.features)
-        return knn.knn_of_backbone(backbone, self.train_data,
+        backbone = self.backbone or self.model.backbone
+        if self._pooled is None or self._pooled[0] is not backbone:
+            self._pooled = (backbone, pooled_backbone(backbone, self.features))
+        return knn.knn_of_backbone(self._pooled[1], self.train_data,
                                    self.test_data, self.k, self.temperature,
                                    strategy=self.strategy)["top1"]
 
