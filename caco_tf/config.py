@@ -576,6 +576,7 @@ ABSENT_MEANS = {
     ("train", "clip_gradient_norm"): 0.0, ("train", "final_learning_rate"): 0.0,
     ("train", "export"): True,
     ("method", "moco_v3", "projector_layers"): 2,
+    ("evaluation", "features"): "class",  # every probe read the backbone's output
 }
 
 
