@@ -23,7 +23,7 @@ import re
 import sys
 import tempfile
 
-from caco_tf.evaluation import statistics
+from caco_tf.evaluation import POOLINGS, pooling_name, statistics
 
 # The two-sided paired p of docs/vit.md's earlier claims (its MoCo v3 / DINO table).
 EARLIER_P = {"MoCo v3 above its untrained ViT (kNN)": 0.007,
@@ -35,8 +35,10 @@ NAMES = {"mae": "MAE", "dinov2": "DINOv2", "ijepa": "I-JEPA",
          "ijepa_shapes": "I-JEPA (on the shapes)"}
 PROTOCOLS = ("linear", "knn")
 # caco-evaluate --features: (the probes' file suffix, the rows' words); the class token unnamed.
-FEATURES = {"class": ("", ""), "patch_mean": ("_patch_mean", ", mean patch token"),
-            "class+patch_mean": ("_class_and_patch_mean", ", class and mean patch tokens")}
+WORDS = {"class": "", "patch_mean": ", mean patch token",
+         "class+patch_mean": ", class and mean patch tokens"}
+FEATURES = {pooling: ("" if pooling == "class" else "_" + pooling_name(pooling), WORDS[pooling])
+            for pooling in POOLINGS}
 # The untrained baselines: (file suffix, the claim's words), the first required.
 BASELINES = (("_untrained", "its untrained ViT"),
              ("_untrained_xavier", "its ViT untrained under xavier init"))

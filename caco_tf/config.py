@@ -732,7 +732,7 @@ def _check_vit(model):
         return
     # A KerasHub DINOV2Backbone preset becomes our ViT: stochastic depth and a mask token are
     # the run's, the rest of its layout the preset's (nets.hub.vit_from_dinov2 says which).
-    dinov2 = hub and preset_class(model["backbone"][len(HUB_PREFIX):]) == "DINOV2Backbone"
+    dinov2 = hub and has_patch_tokens(model["backbone"])
     for key, default in VIT_SETTINGS.items():
         if dinov2 and key in ("drop_path", "drop_path_uniform", "mask_token"):
             continue

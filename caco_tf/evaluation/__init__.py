@@ -20,3 +20,8 @@ L2_FOLDS = 5
 # A ViT's features for the probes: its class token (the backbone's own output), the mean of its
 # patch tokens (MAE's ``global_pool``) or both concatenated (DINOv2's linear evaluation).
 POOLINGS = ("class", "patch_mean", "class+patch_mean")
+
+
+def pooling_name(pooling):
+    """``pooling`` as a file or layer name: "class+patch_mean" → "class_and_patch_mean"."""
+    return pooling.replace("+", "_and_")

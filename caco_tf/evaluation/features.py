@@ -6,7 +6,7 @@ linear evaluation).  ``pooled_backbone`` gives a model over the backbone's own l
 import keras
 
 from caco_tf.errors import ConfigError
-from caco_tf.evaluation import POOLINGS
+from caco_tf.evaluation import POOLINGS, pooling_name
 from caco_tf.methods import ijepa
 from caco_tf.nets import tokens, vit
 
@@ -46,6 +46,6 @@ def pooled_backbone(backbone, pooling):
         raise ConfigError(f"--features {pooling} pools a Vision Transformer's patch tokens and "
                           f"the backbone {backbone.name} has none: use --features class")
     pooled = PooledTokens(tokens.prefix_count(backbone), pooling,
-                          name=pooling.replace("+", "_and_"))
+                          name=pooling_name(pooling))
     return keras.Model(backbone.input, pooled(backbone.get_layer("norm").output),
                        name=f"{backbone.name}_{pooled.name}")

@@ -21,7 +21,7 @@ from caco_tf.data.sources import HELD_OUT_SOURCES, ArraySource
 from caco_tf.build import build_model, load_data, load_run, load_run_config, run_views
 from caco_tf.run_settings import RunSettings
 from caco_tf.evaluation import knn as knn_lib
-from caco_tf.evaluation import linear
+from caco_tf.evaluation import linear, pooling_name
 from caco_tf.evaluation.features import pooled_backbone
 from caco_tf.config import DEFAULTS, RULES, ConfigError
 from caco_tf.training.run_folder import RunFolder
@@ -98,7 +98,7 @@ def default_json_path(run_dir, protocol, spec, baseline="", features="class"):
         run_dir = os.path.dirname(os.path.abspath(run_dir))
     suffix = "" if spec is None else "_" + re.sub(r"[^A-Za-z0-9.-]+", "_", spec)
     baseline = f"_{baseline}" if baseline else ""
-    pooled = "" if features == "class" else "_" + features.replace("+", "_and_")
+    pooled = "" if features == "class" else "_" + pooling_name(features)
     return RunFolder(run_dir).evaluation_record(f"{protocol}{baseline}{pooled}{suffix}")
 
 
